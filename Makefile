@@ -1,0 +1,42 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each creates .venv itself.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(VENV)/bin/pip
+STAMP   := $(VENV)/.installed
+# torch first and pinned: a bare `torch` may resolve a multi-GB CUDA build.
+TORCH   ?= torch==2.13.0
+
+.PHONY: venv test test-fast lint format demo bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e '.[dev]'
+	touch $(STAMP)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+test-fast: venv
+	$(VENV)/bin/pytest -q -x tests/unit
+
+demo: venv
+	$(PY) examples/checkpoint_demo.py
+
+bench: venv
+	$(PY) benchmarks/save_restore.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,3 @@
+from preemptible.cli import main
+
+main()

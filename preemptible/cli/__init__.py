@@ -1,0 +1,28 @@
+"""The one `preemptible` command. Each family of subcommands lives in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+from preemptible.cli.ckpt import app as ckpt_app
+
+app = typer.Typer(
+    name="preemptible",
+    help="Checkpoint-and-preemption layer for PyTorch training on shared GPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(ckpt_app, name="ckpt")
+
+
+@app.command()
+def version() -> None:
+    """Print the installed version."""
+    from preemptible import __version__
+
+    typer.echo(__version__)
+
+
+def main() -> None:
+    app()
