@@ -13,6 +13,10 @@ class PreemptibleError(Exception):
     """Base class of every error raised by preemptible."""
 
 
+class PreemptibleWarning(UserWarning):
+    """Something was worked around (e.g. a corrupt checkpoint skipped); nothing was lost."""
+
+
 # --- configuration and input -------------------------------------------------------------------
 
 
@@ -66,7 +70,7 @@ class StorageError(PreemptibleError, OSError):
     """Reading or writing the checkpoint storage failed (disk full, permission, network...)."""
 
 
-class BackendNotInstalledError(StorageError, ImportError):
+class BackendNotInstalledError(PreemptibleError, ImportError):
     """The fsspec backend for a URL scheme is not installed."""
 
 
@@ -97,6 +101,7 @@ __all__ = [
     "ConfigError",
     "GuardError",
     "PreemptibleError",
+    "PreemptibleWarning",
     "QueueError",
     "SaveInProgressError",
     "StateMismatchError",

@@ -1,0 +1,573 @@
+"""`Checkpointer`: atomic, verifiable checkpoints of training state on any fsspec filesystem.
+
+Public methods validate their input once and translate storage failures into our errors; the
+work is in `io` (bytes), `storage` (commit protocol) and `retention` (what to delete). Two
+writers on one root — a zombie of a preempted run and its replacement — are safe by
+construction: a committed step is immutable, the first commit of a step wins and the other
+writer discards its copy, a writer only deletes committed checkpoints (newest always kept) and
+temporary files older than ``stale_after_seconds``, and it never touches another writer's
+in-progress files before then.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Mapping, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from preemptible._version import __version__
+from preemptible.checkpoint import io
+from preemptible.checkpoint.manifest import (
+    MANIFEST_NAME,
+    TMP_PREFIX,
+    TRASH_PREFIX,
+    Manifest,
+    parse_step_dirname,
+    step_dirname,
+)
+from preemptible.checkpoint.retention import steps_to_delete
+from preemptible.checkpoint.serialize import flatten, unflatten
+from preemptible.checkpoint.stats import CheckpointCost, CostTracker
+from preemptible.checkpoint.storage import CheckpointStorage, CommitMode, open_storage
+from preemptible.errors import (
+    CheckpointCorruptedError,
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+    ConfigError,
+    PreemptibleError,
+    PreemptibleWarning,
+    StateMismatchError,
+    StorageError,
+)
+
+log = logging.getLogger("preemptible.checkpoint")
+
+DEFAULT_SHARD_BYTES = 128 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointInfo:
+    """A committed checkpoint, as its manifest describes it."""
+
+    step: int
+    url: str
+    created_at: float
+    bytes: int
+    save_seconds: float
+    world_size: int
+    files: int
+    writer: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IgnoredDir:
+    """A directory under the root that is not a committed checkpoint, and why."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VerifyReport:
+    """The outcome of checking one checkpoint's files against its manifest."""
+
+    step: int
+    url: str
+    problems: list[str]
+    files_checked: int
+    bytes_checked: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class Checkpointer:
+    """Save, list, verify and restore checkpoints under one root (a path or fsspec URL).
+
+    Args:
+        root: a local directory or any fsspec URL (``s3://bucket/run1``, ``memory://x``...).
+        keep: how many of the newest checkpoints to keep (None keeps all). Old checkpoints are
+            deleted only after a new one has committed; the newest is never deleted.
+        keep_every: also keep every checkpoint whose step is a multiple of this.
+        storage_options: passed to fsspec (credentials, ``endpoint_url``...).
+        commit_mode: ``"rename"`` (local POSIX default) or ``"manifest"`` (default elsewhere).
+        shard_bytes: target size of one data file; shards are written concurrently.
+        max_workers: concurrent file writes and reads (default 4 locally, 16 elsewhere).
+        stale_after_seconds: incomplete saves older than this are garbage-collected. It must be
+            longer than any save takes, or a slow concurrent writer could lose its work.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        keep: int | None = 3,
+        keep_every: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        commit_mode: CommitMode | str | None = None,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+        max_workers: int | None = None,
+        stale_after_seconds: float = 3600.0,
+    ):
+        if keep is not None and (not isinstance(keep, int) or keep < 1):
+            raise ConfigError(f"keep must be a positive integer or None (keep all), got {keep!r}")
+        if keep_every is not None and (not isinstance(keep_every, int) or keep_every < 1):
+            raise ConfigError(f"keep_every must be a positive integer or None, got {keep_every!r}")
+        if shard_bytes < 1:
+            raise ConfigError(f"shard_bytes must be positive, got {shard_bytes!r}")
+        if stale_after_seconds <= 0:
+            raise ConfigError(f"stale_after_seconds must be positive, got {stale_after_seconds!r}")
+        self.keep = keep
+        self.keep_every = keep_every
+        self.shard_bytes = shard_bytes
+        self.stale_after_seconds = stale_after_seconds
+        self._storage = open_storage(root, storage_options, commit_mode)
+        local = self._storage.commit_mode is CommitMode.RENAME
+        self.max_workers = max_workers or (4 if local else 16)
+        self._writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._cost = CostTracker()
+
+    # --- properties ------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self._storage.url
+
+    @property
+    def storage(self) -> CheckpointStorage:
+        return self._storage
+
+    @property
+    def cost(self) -> CheckpointCost:
+        """Measured save and restore costs of this checkpointer (last, mean, p95)."""
+        return self._cost.snapshot()
+
+    # --- save --------------------------------------------------------------------------------
+
+    def save(
+        self, step: int, state: Any, *, metadata: Mapping[str, Any] | None = None
+    ) -> CheckpointInfo:
+        """Write ``state`` as checkpoint ``step`` and commit it atomically; blocks until durable.
+
+        Raises:
+            UnsupportedStateError: ``state`` holds a value that cannot be saved without pickle.
+            StorageError: writing failed; earlier checkpoints are untouched.
+        """
+        _check_step(step)
+        started = time.perf_counter()
+        flat = flatten(state)  # refuses bad input before anything touches storage
+        info = self._write(step, flat, dict(metadata or {}), started)
+        elapsed = time.perf_counter() - started
+        self._cost.record_save(
+            step=step,
+            stall_seconds=elapsed,
+            persist_seconds=elapsed,
+            nbytes=info.bytes,
+            at=time.time(),
+        )
+        self._maybe_clean_up()
+        return info
+
+    def _write(
+        self, step: int, flat: Any, metadata: dict[str, Any], started: float
+    ) -> CheckpointInfo:
+        storage = self._storage
+        step_dir = step_dirname(step)
+        staging = None
+        try:
+            staging = storage.begin(step_dir, step, uuid.uuid4().hex[:12])
+            written = io.write_state(
+                storage, staging, flat, shard_bytes=self.shard_bytes, max_workers=self.max_workers
+            )
+            manifest = Manifest(
+                step=step,
+                created_at=time.time(),
+                save_seconds=time.perf_counter() - started,
+                world_size=_world_size(),
+                state_file=written.state_file,
+                files=written.files,
+                writer={"id": self._writer_id, "host": socket.gethostname(), "pid": os.getpid()},
+                versions=_versions(),
+                metadata=metadata,
+            )
+            committed = storage.commit(staging, step_dir, manifest.to_bytes())
+        except BaseException as e:
+            if staging is not None:
+                _best_effort(storage.abort, staging)
+            if isinstance(e, PreemptibleError) or not isinstance(e, Exception):
+                raise
+            raise StorageError(
+                f"saving step {step} to {storage.describe(step_dir)} failed: {e!r}. Nothing was "
+                "committed and earlier checkpoints are untouched; fix the storage (space, "
+                "permissions, credentials, network) and save again"
+            ) from e
+        if not committed:
+            _best_effort(storage.abort, staging)
+            existing = self._read_manifest(step_dir)
+            if existing is None:
+                raise StorageError(
+                    f"step {step} at {storage.describe(step_dir)} appeared during the save but "
+                    "has no valid manifest; another writer is misbehaving on this root"
+                )
+            log.warning(
+                "step %d was already committed at %s by writer %s; keeping it and discarding "
+                "this save (a committed checkpoint is never overwritten)",
+                step,
+                storage.describe(step_dir),
+                existing.writer.get("id", "?"),
+            )
+            manifest = existing
+        return self._info(step_dir, manifest)
+
+    # --- listing -----------------------------------------------------------------------------
+
+    def list(self) -> list[CheckpointInfo]:
+        """All committed checkpoints, oldest first. Incomplete saves are invisible."""
+        return [self._info(d, m) for d, m in self._scan()[0]]
+
+    def latest(self) -> CheckpointInfo | None:
+        """The committed checkpoint with the highest step, or None."""
+        for dirname in sorted(self._step_dirs(), key=parse_step_dirname, reverse=True):
+            manifest = self._read_manifest(dirname)
+            if manifest is not None:
+                return self._info(dirname, manifest)
+        return None
+
+    def scan(self) -> tuple[list[CheckpointInfo], list[IgnoredDir]]:
+        """Committed checkpoints, plus what else lies under the root and why it is ignored."""
+        committed, ignored = self._scan()
+        return [self._info(d, m) for d, m in committed], ignored
+
+    def _scan(self) -> tuple[list[tuple[str, Manifest]], list[IgnoredDir]]:
+        entries = self._guard_storage("listing", self._storage.list_root)
+        step_dirs = sorted(
+            (e.name for e in entries if e.is_dir and parse_step_dirname(e.name) is not None),
+            key=parse_step_dirname,
+        )
+        committed: list[tuple[str, Manifest]] = []
+        ignored: list[IgnoredDir] = []
+        for dirname, manifest in zip(step_dirs, self._read_manifests(step_dirs), strict=True):
+            if isinstance(manifest, Manifest):
+                committed.append((dirname, manifest))
+            else:
+                ignored.append(IgnoredDir(name=dirname, reason=manifest))
+        for e in entries:
+            if e.name.startswith(TMP_PREFIX):
+                ignored.append(IgnoredDir(name=e.name, reason="save in progress or interrupted"))
+            elif e.name.startswith(TRASH_PREFIX):
+                ignored.append(
+                    IgnoredDir(name=e.name, reason="deletion in progress or interrupted")
+                )
+        return committed, ignored
+
+    def _step_dirs(self) -> list[str]:
+        entries = self._guard_storage("listing", self._storage.list_root)
+        return [e.name for e in entries if e.is_dir and parse_step_dirname(e.name) is not None]
+
+    def _read_manifests(self, dirnames: list[str]) -> list[Manifest | str]:
+        if len(dirnames) <= 1 or self._storage.commit_mode is CommitMode.RENAME:
+            return [self._manifest_or_reason(d) for d in dirnames]
+        with ThreadPoolExecutor(min(self.max_workers, len(dirnames))) as pool:
+            return list(pool.map(self._manifest_or_reason, dirnames))
+
+    def _read_manifest(self, dirname: str) -> Manifest | None:
+        result = self._manifest_or_reason(dirname)
+        return result if isinstance(result, Manifest) else None
+
+    def _manifest_or_reason(self, dirname: str) -> Manifest | str:
+        try:
+            data = self._storage.read_bytes(dirname, MANIFEST_NAME)
+        except FileNotFoundError:
+            return "no manifest: save incomplete or interrupted"
+        except OSError as e:
+            return f"manifest unreadable: {e!r}"
+        try:
+            manifest = Manifest.from_bytes(data)
+        except CheckpointFormatError as e:
+            return str(e)
+        if manifest.step != parse_step_dirname(dirname):
+            return f"manifest says step {manifest.step}, directory says {dirname}"
+        return manifest
+
+    def _info(self, dirname: str, manifest: Manifest) -> CheckpointInfo:
+        return CheckpointInfo(
+            step=manifest.step,
+            url=self._storage.describe(dirname),
+            created_at=manifest.created_at,
+            bytes=manifest.total_bytes,
+            save_seconds=manifest.save_seconds,
+            world_size=manifest.world_size,
+            files=len(manifest.files),
+            writer=str(manifest.writer.get("id", "")),
+            metadata=manifest.metadata,
+        )
+
+    # --- load and restore --------------------------------------------------------------------
+
+    def load(self, step: int | None = None, *, map_location: Any = None) -> Any:
+        """Read a checkpoint into plain Python: nested dicts/lists of tensors and values.
+
+        With ``step=None``, the newest checkpoint that passes verification (corrupt ones are
+        skipped with a warning). Tensors go to ``map_location`` if given, else to the device they
+        were saved from when it exists here, else to the CPU.
+
+        Raises:
+            CheckpointNotFoundError: there is no such (or no) committed checkpoint.
+            CheckpointCorruptedError: ``step`` was given and its files fail verification.
+        """
+        result = self._load_with_fallback(step, map_location)
+        if result is None:
+            raise CheckpointNotFoundError(
+                f"no committed checkpoint under {self.url}; save one first or check the path"
+            )
+        return result[1]
+
+    def restore(
+        self, state: Any, step: int | None = None, *, map_location: Any = None
+    ) -> int | None:
+        """Load a checkpoint into ``state`` in place; returns its step, or None if there is none.
+
+        Objects with ``load_state_dict`` are loaded in place, tensors are copied into (keeping
+        their device), nested dicts are restored recursively, other entries are replaced. The
+        live state is touched only after the whole checkpoint has been read and verified.
+
+        Raises:
+            CheckpointNotFoundError: ``step`` was given and is not committed.
+            CheckpointCorruptedError: ``step`` was given and its files fail verification.
+            StateMismatchError: ``state`` has keys the checkpoint lacks, or shapes differ.
+        """
+        started = time.perf_counter()
+        result = self._load_with_fallback(step, map_location)
+        if result is None:
+            return None
+        loaded_step, data = result
+        _apply(state, data, "state", loaded_step)
+        self._cost.record_restore(time.perf_counter() - started)
+        return loaded_step
+
+    def _load_with_fallback(self, step: int | None, map_location: Any) -> tuple[int, Any] | None:
+        if step is not None:
+            _check_step(step)
+            dirname = step_dirname(step)
+            manifest = self._manifest_or_reason(dirname)
+            if not isinstance(manifest, Manifest):
+                raise CheckpointNotFoundError(
+                    f"no committed checkpoint for step {step} under {self.url} ({manifest}); "
+                    f"committed steps: {[i.step for i in self.list()] or 'none'}"
+                )
+            return step, self._load_manifest(dirname, manifest, map_location)
+        for dirname, manifest in reversed(self._scan()[0]):
+            try:
+                return manifest.step, self._load_manifest(dirname, manifest, map_location)
+            except (CheckpointCorruptedError, CheckpointFormatError) as e:
+                message = f"skipping checkpoint step {manifest.step}: {e}"
+                log.warning(message)
+                warnings.warn(message, PreemptibleWarning, stacklevel=3)
+        return None
+
+    def _load_manifest(self, dirname: str, manifest: Manifest, map_location: Any) -> Any:
+        def read() -> Any:
+            tree, entries = io.read_index(self._storage, dirname, manifest)
+            arrays = io.read_arrays(
+                self._storage,
+                dirname,
+                manifest,
+                entries,
+                max_workers=self.max_workers,
+                map_location=map_location,
+            )
+            return unflatten(tree, arrays.__getitem__)
+
+        try:
+            return read()
+        except FileNotFoundError as e:
+            problem = f"a file listed in the manifest is missing: {e}"
+            raise CheckpointCorruptedError(
+                f"checkpoint step {manifest.step} is corrupted: {problem}",
+                step=manifest.step,
+                problems=[problem],
+            ) from e
+        except IndexError as e:
+            raise CheckpointFormatError(f"step {manifest.step}: array index out of range") from e
+        except PreemptibleError:
+            raise
+        except OSError as e:
+            raise StorageError(f"reading {self._storage.describe(dirname)} failed: {e!r}") from e
+
+    # --- verification --------------------------------------------------------------------
+
+    def verify(
+        self, step: int | None = None, *, on_bytes: Callable[[int], None] | None = None
+    ) -> VerifyReport:
+        """Check sizes and checksums of every file of a checkpoint (default: the newest).
+
+        ``on_bytes(n)`` is called as data is read, for progress bars.
+
+        Raises:
+            CheckpointNotFoundError: no checkpoint directory for ``step`` (or none at all).
+        """
+        if step is None:
+            latest = self.latest()
+            if latest is None:
+                raise CheckpointNotFoundError(f"no committed checkpoint under {self.url}")
+            step = latest.step
+        _check_step(step)
+        dirname = step_dirname(step)
+        url = self._storage.describe(dirname)
+        manifest = self._manifest_or_reason(dirname)
+        if not isinstance(manifest, Manifest):
+            if dirname not in self._step_dirs():
+                raise CheckpointNotFoundError(f"no checkpoint for step {step} under {self.url}")
+            return VerifyReport(
+                step=step,
+                url=url,
+                problems=[f"{MANIFEST_NAME}: {manifest}"],
+                files_checked=0,
+                bytes_checked=0,
+            )
+        problems, checked = [], 0
+        for name, record in sorted(manifest.files.items()):
+            problem = self._guard_storage(
+                "verifying", io.check_file, self._storage, dirname, name, record, on_bytes
+            )
+            if problem:
+                problems.append(f"{name}: {problem}")
+            else:
+                checked += record.size
+        if not problems:
+            try:
+                io.read_index(self._storage, dirname, manifest)
+            except PreemptibleError as e:
+                problems.append(f"{manifest.state_file}: {e}")
+        return VerifyReport(
+            step=step,
+            url=url,
+            problems=problems,
+            files_checked=len(manifest.files),
+            bytes_checked=checked,
+        )
+
+    # --- retention and garbage collection ----------------------------------------------------
+
+    def _maybe_clean_up(self) -> None:
+        """Apply retention and collect garbage; failures are logged, never raised.
+
+        The save that triggered this has committed; losing a cleanup must not fail training.
+        """
+        try:
+            self._clean_up()
+        except Exception as e:
+            log.warning(
+                "checkpoint cleanup under %s failed (will retry next save): %r", self.url, e
+            )
+
+    def _clean_up(self) -> None:
+        committed, ignored = self._scan()
+        steps = [m.step for _, m in committed]
+        doomed = set(steps_to_delete(steps, keep=self.keep, keep_every=self.keep_every))
+        for dirname, manifest in committed:
+            if manifest.step in doomed:
+                log.info("retention: deleting checkpoint step %d under %s", manifest.step, self.url)
+                self._storage.delete(dirname, uuid.uuid4().hex[:12])
+        now = time.time()
+        mtimes = {e.name: e.mtime for e in self._storage.list_root()}
+        for item in ignored:
+            if item.name.startswith(TRASH_PREFIX):
+                self._storage.remove_tree(item.name)
+                continue
+            mtime = mtimes.get(item.name)
+            if mtime is None and not item.name.startswith(TMP_PREFIX):
+                mtime = self._storage.newest_mtime(item.name)
+            if mtime is not None and now - mtime > self.stale_after_seconds:
+                log.info("garbage-collecting %s (%s)", item.name, item.reason)
+                self._storage.remove_tree(item.name)
+
+    def _guard_storage(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except PreemptibleError:
+            raise
+        except OSError as e:
+            raise StorageError(f"{what} {self.url} failed: {e!r}") from e
+
+
+def _apply(target: Any, loaded: Any, path: str, step: int) -> None:
+    """Load ``loaded`` into ``target`` in place (DCP semantics, recursive for dicts)."""
+    if _has_load_state_dict(target):
+        target.load_state_dict(loaded)
+        return
+    if not isinstance(target, MutableMapping):
+        raise StateMismatchError(
+            f"{path}: restore() needs a dict (or an object with load_state_dict) to load into, "
+            f"got {type(target).__name__}; use load() to get the checkpoint as plain data"
+        )
+    if not isinstance(loaded, Mapping):
+        raise StateMismatchError(
+            f"{path}: checkpoint step {step} holds a {type(loaded).__name__} here, not a dict"
+        )
+    missing = [k for k in target if k not in loaded]
+    if missing:
+        raise StateMismatchError(
+            f"{path}: checkpoint step {step} has no {missing!r} "
+            f"(it has {sorted(map(str, loaded))}). Restore with the same keys as when it was "
+            "saved, or use load() and pick what you need"
+        )
+    for key, live in target.items():
+        value, where = loaded[key], f"{path}.{key}"
+        if _has_load_state_dict(live):
+            live.load_state_dict(value)
+        elif isinstance(live, torch.Tensor) and isinstance(value, torch.Tensor):
+            if live.shape != value.shape or live.dtype != value.dtype:
+                raise StateMismatchError(
+                    f"{where}: live tensor is {tuple(live.shape)} {live.dtype}, checkpoint step "
+                    f"{step} has {tuple(value.shape)} {value.dtype}"
+                )
+            with torch.no_grad():
+                live.copy_(value)
+        elif isinstance(live, MutableMapping) and isinstance(value, Mapping):
+            _apply(live, value, where, step)
+        else:
+            target[key] = value
+
+
+def _has_load_state_dict(obj: Any) -> bool:
+    return not isinstance(obj, Mapping | torch.Tensor) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+def _check_step(step: Any) -> None:
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ConfigError(f"step must be a non-negative integer, got {step!r}")
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _versions() -> dict[str, str]:
+    return {
+        "preemptible": __version__,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+    }
+
+
+def _best_effort(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception as e:
+        log.debug("cleanup %s failed: %r", getattr(fn, "__name__", fn), e)

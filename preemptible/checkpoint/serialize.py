@@ -1,0 +1,176 @@
+"""Turn a training state into JSON plus a list of arrays, and back, without pickle.
+
+A checkpoint must be loadable by someone who does not trust its author, so nothing here can
+execute code on load: the structure is plain JSON, arrays are raw bytes described by dtype and
+shape, and every other Python type is refused at save time with the path of the offending value.
+Objects with ``state_dict()`` (modules, optimizers, schedulers, samplers) are stored as their
+state dicts; ``restore`` calls their ``load_state_dict`` on the way back.
+
+Special JSON nodes are dicts holding the key ``"__pt__"`` (a tag): tensors, numpy arrays and
+scalars, tuples, bytes, dtypes, and dicts whose keys are not all strings (optimizer state uses
+integer keys). A user dict that happens to contain ``"__pt__"`` is stored in the tagged form too,
+so decoding is never ambiguous.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from preemptible.errors import CheckpointFormatError, UnsupportedStateError
+
+TAG = "__pt__"
+
+Array = torch.Tensor | np.ndarray
+
+
+@dataclass(slots=True)
+class Flattened:
+    """A state split into its JSON skeleton and the arrays it refers to by index."""
+
+    tree: Any
+    arrays: list[Array]
+
+
+def flatten(state: Any) -> Flattened:
+    """Split ``state`` into a JSON-able tree and a list of arrays.
+
+    Raises:
+        UnsupportedStateError: a value has no pickle-free representation; the message names it.
+    """
+    arrays: list[Array] = []
+    tree = _encode(state, "state", arrays)
+    return Flattened(tree=tree, arrays=arrays)
+
+
+def _encode(value: Any, path: str, arrays: list[Array]) -> Any:
+    # Order matters: a Tensor has no state_dict, but some containers do; check arrays first.
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, torch.Tensor):
+        _check_tensor(value, path)
+        arrays.append(value.detach())
+        return {TAG: "tensor", "id": len(arrays) - 1}
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise UnsupportedStateError(
+                f"{path}: numpy array of Python objects cannot be saved without pickle; "
+                "convert it to a numeric array or a list"
+            )
+        arrays.append(value)
+        return {TAG: "ndarray", "id": len(arrays) - 1}
+    if isinstance(value, np.generic):
+        arrays.append(np.asarray(value))
+        return {TAG: "npscalar", "id": len(arrays) - 1}
+    if isinstance(value, Mapping):
+        return _encode_mapping(value, path, arrays)
+    if isinstance(value, list):
+        return [_encode(v, f"{path}[{i}]", arrays) for i, v in enumerate(value)]
+    if isinstance(value, tuple):
+        return {
+            TAG: "tuple",
+            "items": [_encode(v, f"{path}[{i}]", arrays) for i, v in enumerate(value)],
+        }
+    if isinstance(value, bytes | bytearray):
+        return {TAG: "bytes", "b64": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, torch.dtype):
+        return {TAG: "dtype", "name": dtype_name(value)}
+    state_dict = getattr(value, "state_dict", None)
+    if callable(state_dict):
+        return _encode(state_dict(), f"{path}.state_dict()", arrays)
+    raise UnsupportedStateError(
+        f"{path}: cannot save a value of type {type(value).__module__}.{type(value).__qualname__} "
+        "without pickle. Use tensors, numpy arrays, Python scalars, strings, lists, tuples and "
+        "dicts, or give the object state_dict()/load_state_dict()"
+    )
+
+
+def _encode_mapping(value: Mapping[Any, Any], path: str, arrays: list[Array]) -> Any:
+    if all(isinstance(k, str) for k in value) and TAG not in value:
+        return {k: _encode(v, f"{path}.{k}", arrays) for k, v in value.items()}
+    items = []
+    for k, v in value.items():
+        key = _encode(k, f"{path}<key {k!r}>", arrays)
+        items.append([key, _encode(v, f"{path}[{k!r}]", arrays)])
+    return {TAG: "dict", "items": items}
+
+
+def _check_tensor(t: torch.Tensor, path: str) -> None:
+    if t.is_sparse or t.layout != torch.strided:
+        raise UnsupportedStateError(f"{path}: sparse tensors are not supported; call .to_dense()")
+    if t.is_quantized:
+        raise UnsupportedStateError(
+            f"{path}: quantized tensors are not supported; dequantize first"
+        )
+    if t.device.type == "meta":
+        raise UnsupportedStateError(f"{path}: a meta tensor has no data to save")
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        # DTensor and other subclasses need their own protocol (torch.distributed.checkpoint).
+        raise UnsupportedStateError(
+            f"{path}: tensor subclass {type(t).__name__} is not supported by the plain store; "
+            "convert it to a regular tensor (e.g. .full_tensor() for a DTensor)"
+        )
+
+
+def unflatten(tree: Any, get_array: Callable[[int], Array]) -> Any:
+    """Rebuild the state from its tree; ``get_array(i)`` returns array ``i``.
+
+    Raises:
+        CheckpointFormatError: the tree holds a tag this version does not know.
+    """
+    if isinstance(tree, list):
+        return [unflatten(v, get_array) for v in tree]
+    if not isinstance(tree, dict):
+        return tree
+    tag = tree.get(TAG)
+    if tag is None:
+        return {k: unflatten(v, get_array) for k, v in tree.items()}
+    if tag in ("tensor", "ndarray"):
+        return get_array(_int(tree, "id"))
+    if tag == "npscalar":
+        return get_array(_int(tree, "id"))[()]
+    if tag == "tuple":
+        return tuple(unflatten(v, get_array) for v in tree["items"])
+    if tag == "dict":
+        return {
+            _hashable(unflatten(k, get_array)): unflatten(v, get_array) for k, v in tree["items"]
+        }
+    if tag == "bytes":
+        return base64.b64decode(tree["b64"])
+    if tag == "dtype":
+        return parse_torch_dtype(tree["name"])
+    raise CheckpointFormatError(
+        f"unknown node type {tag!r} in the checkpoint's state; it was written by a newer or "
+        "foreign tool. Nothing was executed. Upgrade preemptible or re-save the checkpoint"
+    )
+
+
+def _int(node: dict[str, Any], key: str) -> int:
+    value = node.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise CheckpointFormatError(
+            f"malformed checkpoint state: {node!r} needs an integer {key!r}"
+        )
+    return value
+
+
+def _hashable(key: Any) -> Any:
+    if isinstance(key, list):
+        return tuple(_hashable(k) for k in key)
+    return key
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointFormatError(f"unknown torch dtype {name!r} in checkpoint")
+    return dtype
