@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from preemptible.cli.ckpt import app as ckpt_app
+from preemptible.cli.sim import app as sim_app
 
 app = typer.Typer(
     name="preemptible",
@@ -14,6 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(ckpt_app, name="ckpt")
+app.add_typer(sim_app, name="sim")
 
 
 @app.command()

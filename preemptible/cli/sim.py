@@ -1,0 +1,290 @@
+"""`preemptible sim`: replay a trace through the scheduling core, side by side per policy.
+
+    preemptible sim --trace FILE --config queue.toml [--policy NAME|all] [--json FILE] [--plot DIR]
+    preemptible sim import SOURCE.csv OUT.csv [--config-out queue.toml]
+    preemptible sim synth OUT.csv --jobs N --gpus G [--config-out queue.toml]
+
+Bad input (a missing column, an invalid config value) prints one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from preemptible.errors import PreemptibleError
+
+app = typer.Typer(
+    help="Replay a job trace through the scheduling policies in virtual time.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+METRIC_COLUMNS = (
+    ("utilization", "util", "pct"),
+    ("goodput", "goodput", "pct"),
+    ("p95_wait_s", "p95 wait", "dur"),
+    ("max_wait_least_served_s", "max wait (least served)", "dur"),
+    ("mean_jct_s", "mean JCT", "dur"),
+    ("p95_jct_s", "p95 JCT", "dur"),
+    ("preemptions_per_hour", "preempt/h", "num"),
+    ("lost_gpu_s", "lost GPU-h", "gpuh"),
+    ("lost_gpu_s_per_preemption", "lost GPU-s/preempt", "num"),
+)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def fmt_duration(seconds: float) -> str:
+    """'42s', '7.5m', '3.2h', '2.1d'."""
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def _cell(value: float, kind: str) -> str:
+    if kind == "pct":
+        return f"{100 * value:.1f}%"
+    if kind == "dur":
+        return fmt_duration(value)
+    if kind == "gpuh":
+        return f"{value / 3600:.1f}"
+    return f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+@app.callback()
+def sim(
+    ctx: typer.Context,
+    trace: Annotated[Path | None, typer.Option(help="Canonical trace CSV.")] = None,
+    config: Annotated[Path | None, typer.Option(help="Queue configuration (TOML).")] = None,
+    policy: Annotated[
+        str, typer.Option(help="fifo, priority, kueue, slurm, preemptible, or all.")
+    ] = "all",
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the metrics as JSON here.")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write PNG charts into this folder.")] = None,
+    checkpointing: Annotated[
+        str, typer.Option(help="aware: jobs save on notice (the SDK); periodic: they do not.")
+    ] = "aware",
+    checkpoint_interval: Annotated[
+        str, typer.Option(help="Period of the jobs' regular checkpoints.")
+    ] = "30m",
+    checkpoint_cost: Annotated[
+        str, typer.Option(help="Save/restore cost for jobs whose trace gives none.")
+    ] = "60s",
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Replay TRACE under CONFIG with one policy or all, and report the four signals."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if trace is None or config is None:
+        _fail("give --trace FILE and --config queue.toml (or a subcommand: import, synth)")
+    try:
+        report = run_sim(
+            trace=trace,
+            config=config,
+            policy=policy,
+            checkpointing=checkpointing,
+            checkpoint_interval=checkpoint_interval,
+            checkpoint_cost=checkpoint_cost,
+            plot=plot,
+            quiet=quiet,
+        )
+    except (PreemptibleError, OSError, KeyError, ValueError) as exc:
+        _fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
+    if json_out is not None:
+        try:
+            json_out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        except OSError as exc:
+            _fail(f"cannot write {json_out}: {exc}")
+    _print_tables(report)
+
+
+def run_sim(
+    *,
+    trace: Path,
+    config: Path,
+    policy: str,
+    checkpointing: str = "aware",
+    checkpoint_interval: str = "30m",
+    checkpoint_cost: str = "60s",
+    plot: Path | None = None,
+    quiet: bool = True,
+) -> dict[str, Any]:
+    """Run the simulation(s) and return the `--json` report object."""
+    from preemptible.errors import ConfigError
+    from preemptible.queue.core import POLICIES, parse_config_text, parse_duration
+    from preemptible.sim import SimOptions, Simulator, read_trace, summarize
+
+    names = list(POLICIES) if policy == "all" else [policy]
+    for name in names:
+        if name not in POLICIES:
+            raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}, all")
+    if checkpointing not in ("aware", "periodic"):
+        raise ConfigError(f"--checkpointing must be aware or periodic, not {checkpointing!r}")
+    cfg = parse_config_text(_read(config))
+    jobs = read_trace(trace)
+    options = SimOptions(
+        checkpoint_mode=checkpointing,
+        checkpoint_interval_s=parse_duration(checkpoint_interval, key="--checkpoint-interval"),
+        default_checkpoint_s=parse_duration(checkpoint_cost, key="--checkpoint-cost"),
+    )
+    report: dict[str, Any] = {
+        "trace": str(trace),
+        "config": str(config),
+        "checkpointing": checkpointing,
+        "policies": {},
+    }
+    with _progress(quiet) as bar:
+        for name in names:
+            task = bar.add_task(name, total=len(jobs)) if bar else None
+
+            def tick(done: int, total: int, task=task) -> None:
+                if bar is not None:
+                    bar.update(task, completed=done)
+
+            result = Simulator(jobs, cfg, POLICIES[name], options, progress=tick).run()
+            report["policies"][name] = summarize(result)
+            if plot is not None:
+                from preemptible.sim.plots import write_plots
+
+                write_plots(result, plot)
+    return report
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise OSError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+class _NoBar:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _progress(quiet: bool) -> Any:
+    if quiet or not sys.stderr.isatty():
+        return _NoBar()
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description:>12}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} jobs"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+
+
+def _print_tables(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=170)
+    policies = report["policies"]
+    first = next(iter(policies.values()))
+    o = first["overall"]
+    table = Table(
+        title=(
+            f"{report['trace']}: {o['jobs']} jobs on {o['gpus']} GPUs, demand "
+            f"{o['demand_ratio']:.2f}x supply, checkpointing {report['checkpointing']}"
+        )
+    )
+    table.add_column("policy")
+    for _, label, _ in METRIC_COLUMNS:
+        table.add_column(label, justify="right")
+    for name, metrics in policies.items():
+        ov = metrics["overall"]
+        table.add_row(name, *(_cell(ov[key], kind) for key, _, kind in METRIC_COLUMNS))
+    console.print(table)
+    queues = list(first["queues"])
+    per_queue = Table(title="p95 wait per queue (max wait)")
+    per_queue.add_column("queue")
+    for name in policies:
+        per_queue.add_column(name, justify="right")
+    for q in queues:
+        row = [q]
+        for metrics in policies.values():
+            m = metrics["queues"].get(q)
+            row.append(
+                f"{fmt_duration(m['p95_wait_s'])} ({fmt_duration(m['max_wait_s'])})" if m else "-"
+            )
+        per_queue.add_row(*row)
+    console.print(per_queue)
+
+
+@app.command("import")
+def import_cmd(
+    source: Annotated[Path, typer.Argument(help="A public trace CSV (Philly, Chronus, ITP...).")],
+    out: Annotated[Path, typer.Argument(help="Where to write the canonical trace CSV.")],
+    config_out: Annotated[
+        Path | None, typer.Option(help="Also write a matching queue configuration here.")
+    ] = None,
+    gpus: Annotated[
+        int | None, typer.Option(help="Cluster size (default: the offered load).")
+    ] = None,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node (0: one flat pool).")] = 8,
+    teams: Annotated[int, typer.Option(help="Synthetic queues for traces without groups.")] = 4,
+) -> None:
+    """Convert a public trace to the canonical CSV (and optionally write a config for it)."""
+    from preemptible.sim.importers import import_trace, suggest_config
+    from preemptible.sim.trace import write_trace
+
+    try:
+        imported = import_trace(source, teams=teams)
+        n = write_trace(out, imported.jobs)
+        if config_out is not None:
+            config_out.write_text(
+                suggest_config(imported.jobs, gpus=gpus, gpus_per_node=gpus_per_node or None)
+            )
+    except (PreemptibleError, OSError) as exc:
+        _fail(str(exc))
+    note = f" ({imported.note})" if imported.note else ""
+    typer.echo(f"{source} [{imported.layout}] -> {out}: {n} jobs{note}")
+
+
+@app.command("synth")
+def synth_cmd(
+    out: Annotated[Path, typer.Argument(help="Where to write the canonical trace CSV.")],
+    jobs: Annotated[int, typer.Option(help="Number of jobs.")] = 5000,
+    gpus: Annotated[int, typer.Option(help="Cluster GPUs (multiple of 8).")] = 64,
+    load: Annotated[float, typer.Option(help="Offered load / capacity.")] = 1.1,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    config_out: Annotated[
+        Path | None, typer.Option(help="Also write a matching queue configuration here.")
+    ] = None,
+) -> None:
+    """Generate a bursty synthetic workload (LoRA, 8-GPU gang training, inference sweeps)."""
+    from preemptible.sim.synth import generate, synth_config
+    from preemptible.sim.trace import write_trace
+
+    if gpus <= 0 or gpus % 8 or jobs <= 0 or load <= 0:
+        _fail("--gpus must be a positive multiple of 8, --jobs and --load positive")
+    try:
+        n = write_trace(out, generate(jobs=jobs, gpus=gpus, load=load, seed=seed))
+        if config_out is not None:
+            config_out.write_text(synth_config(gpus))
+    except OSError as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {n} jobs to {out}")

@@ -1,0 +1,65 @@
+"""The pure scheduling core: snapshot + now -> decisions. No I/O, no clock, no threads.
+
+Shared by the queue service and the simulator, so what the simulator shows is what the service
+does. See `cycle.py` for the phases and `docs/scheduling.md` for the policy.
+"""
+
+from preemptible.queue.core.config import (
+    PolicySettings,
+    PreemptionSettings,
+    QueueConfig,
+    parse_config,
+    parse_config_text,
+    parse_duration,
+)
+from preemptible.queue.core.cycle import schedule
+from preemptible.queue.core.fair_share import UsageTracker, dominant_share, fair_share_value
+from preemptible.queue.core.model import (
+    Admit,
+    Cluster,
+    CycleResult,
+    Job,
+    Limits,
+    Preempt,
+    Queue,
+    Reserve,
+    Resources,
+    RunningJob,
+    Tier,
+)
+from preemptible.queue.core.negotiation import Negotiated, negotiate
+from preemptible.queue.core.policy import BASELINES, POLICIES, Policy, get_policy
+from preemptible.queue.core.state import ClusterState, Snapshot, build_snapshot
+
+__all__ = [
+    "BASELINES",
+    "POLICIES",
+    "Admit",
+    "Cluster",
+    "ClusterState",
+    "CycleResult",
+    "Job",
+    "Limits",
+    "Negotiated",
+    "Policy",
+    "PolicySettings",
+    "Preempt",
+    "PreemptionSettings",
+    "Queue",
+    "QueueConfig",
+    "Reserve",
+    "Resources",
+    "RunningJob",
+    "Snapshot",
+    "Tier",
+    "UsageTracker",
+    "build_snapshot",
+    "dominant_share",
+    "fair_share_value",
+    "get_policy",
+    "negotiate",
+    "parse_config",
+    "parse_config_text",
+    "parse_duration",
+    "schedule",
+]

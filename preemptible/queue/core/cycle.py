@@ -1,0 +1,399 @@
+"""One scheduling cycle: a snapshot and the current time in, decisions with reasons out.
+
+Phases, as in kueue's `schedule()`:
+
+1. Nominated jobs first: a job whose victims were told to go in an earlier cycle gets the
+   freed capacity before anyone else, so capacity freed by preemption cannot be taken by a third
+   job (the root of preemption loops). While it waits, the free capacity it counted on is held.
+2. Walk pending jobs in policy order by merging the heads of the pending groups (see
+   `state.py`); fair-share keys are refreshed lazily when a queue's allocation changes.
+3. For each job: quota check (within nominal, borrowing, or over the limit); capacity and
+   placement check; if it fits, admit it (as backfill when a reservation exists and it does not
+   delay it). If it does not fit, try preemption (reclaim or lower tier); failing that, a strict
+   policy stops here, a backfilling one reserves capacity for this job and continues with the
+   rest, and the others skip the job's group.
+4. Stop early when nothing is free and nothing can be preempted: the rest wait for capacity.
+
+Ordering criteria, in order (policy `preemptible`):
+    1. tier, higher first;
+    2. fair-share value of the job's queue (1.0 = exactly its weighted share) minus waiting
+       time / `aging` (so one `aging` of waiting is worth one fair-share unit);
+    3. submission time, then job id (stable tie-break).
+
+Nothing here reads a clock, does I/O or mutates the snapshot: the shell applies the decisions.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from preemptible.queue.core.backfill import (
+    Reservation,
+    expected_runtime_s,
+    may_backfill,
+    plan_reservation,
+)
+from preemptible.queue.core.config import QueueConfig
+from preemptible.queue.core.fair_share import dominant_share, fair_share_value, weight_fractions
+from preemptible.queue.core.model import Admit, CycleResult, Job, Preempt, Reserve
+from preemptible.queue.core.policy import Ordering, Policy
+from preemptible.queue.core.preemption import find_victims
+from preemptible.queue.core.quota import QuotaVerdict, check_quota, describe_limit, is_borrowing
+from preemptible.queue.core.state import GroupKey, Snapshot
+
+INF = float("inf")
+_SLURM_AGE_MAX_S = 7 * 86400.0
+
+
+def schedule(snapshot: Snapshot, now: float, policy: Policy, config: QueueConfig) -> CycleResult:
+    """Run one cycle and return the decisions; `snapshot` is left unchanged.
+
+    Args:
+        snapshot: the state and decayed usage at `now`.
+        now: the current time, in the same unit and origin as the jobs' times.
+        policy: which rules to apply (ours or a baseline).
+        config: capacity, quotas and the policy/preemption settings.
+    """
+    return _Cycle(snapshot, now, policy, config).run()
+
+
+class _Cycle:
+    """The mutable bookkeeping of one cycle; discarded when it returns."""
+
+    def __init__(self, snapshot: Snapshot, now: float, policy: Policy, config: QueueConfig):
+        st = snapshot.state
+        self.st = st
+        self.now = now
+        self.policy = policy
+        self.config = config
+        self.cluster = st.cluster
+        self.usage = snapshot.usage
+        cl = st.cluster
+        self.free = [
+            cl.gpus - st.used[0],
+            (cl.cpus - st.used[1]) if cl.cpus else INF,
+            (cl.memory_gb - st.used[2]) if cl.memory_gb else INF,
+        ]
+        self.alloc = {name: list(a) for name, a in st.alloc.items()}
+        self.pool = st.pool.copy() if st.pool is not None else None
+        self.weights = weight_fractions(st.queues.values())
+        self.version = dict.fromkeys(st.queues, 0)
+        self.admits: list[Admit] = []
+        self.preempts: list[Preempt] = []
+        self.reserves: list[Reserve] = []
+        self.reasons: dict[str, str] = {}
+        self.started: set[str] = set()
+        self.started_ends: list[tuple[float, Sequence[float]]] = []
+        self.taken: set[str] = set()
+        self.budget_used: dict[str, int] = {}
+        self.reservation: Reservation | None = None
+        self.plans_left = policy.max_preemption_plans if config.preemption.enabled else 0
+        self.examined = 0
+        self.default_reason = "pending: waiting for its turn"
+        self.fs_cache: dict[str, float] = {}
+
+    # --- orchestration ------------------------------------------------------------------------
+
+    def run(self) -> CycleResult:
+        self._nominated_first()
+        self._walk()
+        return CycleResult(
+            admit=tuple(self.admits),
+            preempt=tuple(self.preempts),
+            reserve=tuple(self.reserves),
+            pending=self.reasons,
+            default_reason=self.default_reason,
+            fragmentation=self._fragmentation(),
+            examined=self.examined,
+        )
+
+    def _nominated_first(self) -> None:
+        st = self.st
+        window = self.config.preemption.grace_max_s + 60.0
+        for job_id, at in sorted(st.nominated.items(), key=lambda kv: (kv[1], kv[0])):
+            job = st.pending.get(job_id)
+            if job is None or self.now - at > window:
+                continue
+            self.examined += 1
+            verdict = self._quota(job)
+            if verdict is QuotaVerdict.OVER_LIMIT:
+                continue
+            placement = self._place(job)
+            if placement is not None:
+                self._admit(job, placement, verdict, "admitted: capacity freed by preemption")
+            else:
+                self.reasons[job_id] = "pending: waiting for the jobs preempted for it to exit"
+                self.started.add(job_id)  # handled: the walk must not preempt again for it
+                for i in range(3):
+                    if self.free[i] != INF:
+                        self.free[i] -= min(self.free[i], job.request.as_tuple()[i])
+
+    def _walk(self) -> None:
+        st = self.st
+        can_preempt = self._preemption_possible()
+        if not st.groups or (self.free[0] <= 0 and not can_preempt):
+            self.default_reason = "pending: no free GPUs and nothing it may preempt"
+            return
+        heap: list[tuple] = []
+        pos: dict[GroupKey, int] = {}
+        for gkey, group in st.groups.items():
+            pos[gkey] = 0
+            heap.append(self._entry(group.jobs[0], gkey))
+        heapq.heapify(heap)
+        depth: dict[GroupKey, int] = {}
+        while heap:
+            if self.free[0] <= 0 and not (can_preempt and self.plans_left > 0):
+                if self.reservation is None:
+                    self.default_reason = "pending: no free GPUs and nothing it may preempt"
+                break
+            entry = heapq.heappop(heap)
+            gkey = entry[-2]
+            job = st.groups[gkey].jobs[pos[gkey]]
+            if entry[-1] != self.version[job.queue]:
+                heapq.heappush(heap, self._entry(job, gkey))
+                continue
+            outcome = self._consider(job, depth, gkey)
+            if outcome == "stop":
+                self.default_reason = f"pending: behind the blocked head job {job.id} (strict)"
+                break
+            if outcome == "next":
+                jobs = st.groups[gkey].jobs
+                i = pos[gkey] + 1
+                while i < len(jobs) and jobs[i].id in self.started:
+                    i += 1
+                if i < len(jobs):
+                    pos[gkey] = i
+                    heapq.heappush(heap, self._entry(jobs[i], gkey))
+            # "skip": the whole group waits (same shape, same queue: same verdict)
+
+    # --- one job ------------------------------------------------------------------------------
+
+    def _consider(self, job: Job, depth: dict[GroupKey, int], gkey: GroupKey) -> str:
+        if job.id in self.started:
+            return "next"
+        self.examined += 1
+        verdict = self._quota(job)
+        if verdict is QuotaVerdict.OVER_LIMIT:
+            queue = self.st.queues[job.queue]
+            self.reasons[job.id] = (
+                f"pending: {job.queue} would exceed its quota ({describe_limit(queue)})"
+            )
+            return "stop" if self.policy.head_of_line else "skip"
+        placement = self._place(job)
+        if placement is not None:
+            if self.reservation is None:
+                self._admit(job, placement, verdict, self._admit_reason(job, verdict))
+                return "next"
+            settings = self.config.policy
+            if may_backfill(
+                job, self.reservation, now=self.now, default_estimate_s=settings.default_estimate_s
+            ):
+                head = self.reservation.job_id
+                self._admit(
+                    job,
+                    placement,
+                    verdict,
+                    f"admitted by backfill: does not delay {head}",
+                    backfill=True,
+                )
+                return "next"
+            self.reasons[job.id] = (
+                f"pending: would delay the reservation of {self.reservation.job_id}"
+            )
+            if job.estimate_s is None:
+                return "skip"  # the rest of the group has the same shape and estimate
+            depth[gkey] = depth.get(gkey, 0) + 1
+            return "next" if depth[gkey] < settings.backfill_depth else "skip"
+        # It does not fit now.
+        if self.plans_left > 0 and job.id not in self.st.nominated and self._maybe_preempt(job):
+            return "skip"
+        if self.policy.head_of_line:
+            self.reasons[job.id] = self._blocked_reason(job, verdict)
+            return "stop"
+        if self.policy.backfill and self.reservation is None:
+            self._reserve(job)
+            return "skip"
+        self.reasons[job.id] = self._blocked_reason(job, verdict)
+        return "skip"
+
+    def _quota(self, job: Job) -> QuotaVerdict:
+        if not self.policy.quotas:
+            return QuotaVerdict.WITHIN_NOMINAL
+        return check_quota(self.st.queues[job.queue], self.alloc[job.queue], job.request.as_tuple())
+
+    def _place(self, job: Job) -> tuple[tuple[int, int], ...] | None:
+        req = job.request.as_tuple()
+        free = self.free
+        if req[0] > free[0] or req[1] > free[1] + 1e-9 or req[2] > free[2] + 1e-9:
+            return None
+        if self.pool is None:
+            return ()
+        return self.pool.find(int(req[0]))
+
+    def _admit(
+        self,
+        job: Job,
+        placement: tuple[tuple[int, int], ...],
+        verdict: QuotaVerdict,
+        reason: str,
+        *,
+        backfill: bool = False,
+    ) -> None:
+        req = job.request.as_tuple()
+        a = self.alloc[job.queue]
+        for i in range(3):
+            self.free[i] -= req[i]
+            a[i] += req[i]
+        if self.pool is not None:
+            self.pool.take(placement)
+        self.version[job.queue] += 1
+        self.fs_cache.pop(job.queue, None)
+        self.started.add(job.id)
+        end = self.now + expected_runtime_s(job, self.config.policy.default_estimate_s)
+        self.started_ends.append((end, req))
+        self.reasons.pop(job.id, None)
+        self.admits.append(
+            Admit(
+                job_id=job.id,
+                placement=placement,
+                borrowing=verdict is QuotaVerdict.BORROWING,
+                backfill=backfill,
+                reason=reason,
+            )
+        )
+
+    def _admit_reason(self, job: Job, verdict: QuotaVerdict) -> str:
+        if not self.policy.quotas:
+            return "admitted: capacity free"
+        if verdict is QuotaVerdict.BORROWING:
+            return f"admitted: {job.queue} borrows idle capacity (reclaimable)"
+        return f"admitted: within {job.queue}'s nominal quota"
+
+    def _blocked_reason(self, job: Job, verdict: QuotaVerdict) -> str:
+        g = job.request.gpus
+        free = max(0, int(self.free[0]))
+        if verdict is QuotaVerdict.BORROWING:
+            head = f"pending: {job.queue} over quota and no idle capacity to borrow"
+        else:
+            head = "pending: no free capacity"
+        detail = f"needs {g} GPUs, {free} free"
+        if self.pool is not None and free >= g:
+            detail += "; no node block fits it (fragmented)"
+        return f"{head} ({detail})"
+
+    def _reserve(self, job: Job) -> None:
+        res = plan_reservation(
+            job, now=self.now, state=self.st, free=self.free, also_running=self.started_ends
+        )
+        self.reservation = res
+        when = "unknown" if res.start_at == INF else f"t={res.start_at:.0f}s"
+        reason = (
+            f"pending: first blocked job; capacity reserved from {when}, "
+            "smaller jobs backfill only if they do not delay it"
+        )
+        self.reasons[job.id] = reason
+        self.reserves.append(Reserve(job_id=job.id, start_at=res.start_at, reason=reason))
+
+    def _maybe_preempt(self, job: Job) -> bool:
+        self.plans_left -= 1
+        plan = find_victims(
+            job,
+            now=self.now,
+            state=self.st,
+            alloc=self.alloc,
+            free=self.free,
+            pool=self.pool,
+            policy=self.policy,
+            settings=self.config.preemption,
+            taken=self.taken,
+            budget_used=self.budget_used,
+        )
+        if plan is None:
+            return False
+        names = []
+        for v in plan.victims:
+            vjob = v.running.job
+            self.taken.add(vjob.id)
+            names.append(vjob.id)
+            if v.reclaim:
+                why = (
+                    f"preempted: {job.queue} reclaims capacity {vjob.queue} borrowed, for "
+                    f"{job.id} (within its nominal quota)"
+                )
+            else:
+                why = (
+                    f"preempted: tier {vjob.tier.value} yields to {job.tier.value} job {job.id}; "
+                    "ran past its minimum runtime"
+                )
+            self.preempts.append(
+                Preempt(
+                    job_id=vjob.id,
+                    grace_s=v.grace_s,
+                    for_job=job.id,
+                    lost_gpu_s=v.lost_gpu_s,
+                    reclaim=v.reclaim,
+                    reason=f"{why}; expected loss {v.lost_gpu_s:.0f} GPU-s",
+                )
+            )
+        # Hold what is free now for the preemptor so nobody else takes it meanwhile.
+        req = job.request.as_tuple()
+        for i in range(3):
+            if self.free[i] != INF:
+                self.free[i] -= min(max(self.free[i], 0), req[i])
+        if self.pool is not None and plan.placement:
+            hold = [(n, min(g, self.pool.free[n])) for n, g in plan.placement]
+            self.pool.take([(n, g) for n, g in hold if g > 0])
+        self.reasons[job.id] = (
+            f"pending: preempting {', '.join(names)} to make room; starts when they exit"
+        )
+        return True
+
+    def _preemption_possible(self) -> bool:
+        if self.plans_left <= 0:
+            return False
+        p = self.policy
+        if p.tier_preemption and any(self.st.tier_gpus[:3]):
+            return True
+        if p.reclaim and p.quotas:
+            return any(is_borrowing(q, self.alloc[n]) for n, q in self.st.queues.items())
+        return False
+
+    # --- ordering -----------------------------------------------------------------------------
+
+    def _entry(self, job: Job, gkey: GroupKey) -> tuple:
+        return (*self._key(job), job.submitted_at, job.id, gkey, self.version[job.queue])
+
+    def _key(self, job: Job) -> tuple[float, ...]:
+        ordering = self.policy.ordering
+        if ordering is Ordering.FIFO:
+            return (0.0,)
+        if ordering is Ordering.PRIORITY:
+            return (-job.tier.rank,)
+        if ordering is Ordering.KUEUE:
+            queue = self.st.queues[job.queue]
+            verdict = check_quota(queue, self.alloc[job.queue], job.request.as_tuple())
+            return (float(verdict is not QuotaVerdict.WITHIN_NOMINAL), -job.tier.rank)
+        wait = max(0.0, self.now - job.submitted_at)
+        if ordering is Ordering.SLURM:
+            share = self.weights.get(job.queue, 0.0)
+            used = self.usage.get(job.queue, 0.0)
+            fair = 2.0 ** (-used / share) if share > 0 else 0.0
+            age = min(wait / _SLURM_AGE_MAX_S, 1.0)
+            return (-(job.tier.rank * 1e5 + 1e4 * fair + 1e3 * age),)
+        return (-job.tier.rank, self._fair_share(job.queue) - wait / self.config.policy.aging_s)
+
+    def _fair_share(self, queue: str) -> float:
+        value = self.fs_cache.get(queue)
+        if value is None:
+            a = self.alloc[queue]
+            now_share = dominant_share(a[0], a[1], a[2], self.cluster)
+            value = fair_share_value(self.usage.get(queue, 0.0), now_share, self.weights[queue])
+            self.fs_cache[queue] = value
+        return value
+
+    def _fragmentation(self) -> float:
+        if self.pool is None:
+            return 0.0
+        shapes = {key[2] for key, group in self.st.groups.items() if group.jobs}
+        return self.pool.fragmentation(shapes)

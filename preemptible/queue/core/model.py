@@ -1,0 +1,264 @@
+"""The data the scheduling core reasons about: resources, queues, jobs, decisions.
+
+Everything here is a frozen, slotted, keyword-only dataclass so that a snapshot handed to the
+cycle cannot be changed behind its back, and so that the service and the simulator build the same
+objects. Times are plain floats in seconds on whatever clock the shell uses; the core never reads
+a clock itself.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Tier(enum.StrEnum):
+    """Priority tier of a job. Higher tiers are ordered first and may preempt lower ones."""
+
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        """0 for low up to 3 for critical; larger is more important."""
+        return _TIER_RANK[self]
+
+    @classmethod
+    def parse(cls, value: str | Tier) -> Tier:
+        """Read a tier from its name, case-insensitively.
+
+        Raises:
+            ValueError: the name is not one of critical, high, normal, low.
+        """
+        if isinstance(value, Tier):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            raise ValueError(
+                f"unknown tier {value!r}: use one of critical, high, normal, low"
+            ) from None
+
+
+_TIER_RANK = {Tier.LOW: 0, Tier.NORMAL: 1, Tier.HIGH: 2, Tier.CRITICAL: 3}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Resources:
+    """An amount of GPUs, CPUs and memory (a request, a quota, a capacity)."""
+
+    gpus: int = 0
+    """Whole GPUs."""
+    cpus: float = 0.0
+    """CPU cores."""
+    memory_gb: float = 0.0
+    """Memory in GiB."""
+
+    def as_tuple(self) -> tuple[float, float, float]:
+        """The three amounts in a fixed order, for fast arithmetic in hot loops."""
+        return (self.gpus, self.cpus, self.memory_gb)
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(
+            gpus=self.gpus + other.gpus,
+            cpus=self.cpus + other.cpus,
+            memory_gb=self.memory_gb + other.memory_gb,
+        )
+
+    def __sub__(self, other: Resources) -> Resources:
+        return Resources(
+            gpus=self.gpus - other.gpus,
+            cpus=self.cpus - other.cpus,
+            memory_gb=self.memory_gb - other.memory_gb,
+        )
+
+    def fits_in(self, other: Resources) -> bool:
+        """True when every amount is at most the other's."""
+        return (
+            self.gpus <= other.gpus
+            and self.cpus <= other.cpus + 1e-9
+            and self.memory_gb <= other.memory_gb + 1e-9
+        )
+
+
+NO_LIMIT = float("inf")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Limits:
+    """A per-resource limit; a missing resource is unlimited (infinity)."""
+
+    gpus: float = NO_LIMIT
+    """GPU limit."""
+    cpus: float = NO_LIMIT
+    """CPU limit."""
+    memory_gb: float = NO_LIMIT
+    """Memory limit in GiB."""
+
+    def as_tuple(self) -> tuple[float, float, float]:
+        """The three limits in the order of `Resources.as_tuple`."""
+        return (self.gpus, self.cpus, self.memory_gb)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Queue:
+    """One team's queue: its weight in fair share, guaranteed quota and how much it may borrow."""
+
+    name: str
+    """Unique queue name."""
+    weight: float = 1.0
+    """Relative fair-share weight (> 0)."""
+    nominal: Limits = field(default_factory=lambda: Limits(gpus=0, cpus=NO_LIMIT))
+    """Guaranteed capacity. Work within it is never reclaimed."""
+    borrowing_limit: Limits = field(default_factory=Limits)
+    """How far beyond `nominal` the queue may borrow idle capacity (reclaimable)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cluster:
+    """The capacity being scheduled, optionally as identical nodes for placement."""
+
+    gpus: int
+    """Total GPUs."""
+    cpus: float = 0.0
+    """Total CPUs; 0 means CPUs are not scheduled."""
+    memory_gb: float = 0.0
+    """Total memory; 0 means memory is not scheduled."""
+    nodes: int | None = None
+    """Number of nodes, or None for one flat pool."""
+    gpus_per_node: int | None = None
+    """GPUs on each node (with `nodes`)."""
+
+    @property
+    def capacity(self) -> Resources:
+        """The whole cluster as `Resources`."""
+        return Resources(gpus=self.gpus, cpus=self.cpus, memory_gb=self.memory_gb)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Job:
+    """A job as the scheduler sees it, pending or running."""
+
+    id: str
+    """Unique id."""
+    queue: str
+    """Name of its queue."""
+    request: Resources
+    """What it asks for."""
+    tier: Tier = Tier.NORMAL
+    """Priority tier."""
+    submitted_at: float = 0.0
+    """Submission time; aging counts from here (kept across requeues)."""
+    gang: bool | None = None
+    """All-or-nothing; None means the default (true for more than one GPU)."""
+    estimate_s: float | None = None
+    """Runtime estimate for backfill, if the user gave one."""
+    save_s: float = 0.0
+    """Measured checkpoint save cost (p95), seconds."""
+    restore_s: float = 0.0
+    """Measured restore cost, seconds."""
+    checkpoint_interval_s: float | None = None
+    """Period of its regular checkpoints; None means it has none."""
+    checkpoint_on_notice: bool = False
+    """True when the job saves on a preemption notice (uses the SDK)."""
+    last_preempted_at: float | None = None
+    """When it was last preempted, for the anti-thrashing window."""
+    preemptions: int = 0
+    """How often it was preempted so far."""
+
+    @property
+    def is_gang(self) -> bool:
+        """Whether the job needs all its GPUs at once."""
+        return self.gang if self.gang is not None else self.request.gpus > 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunningJob:
+    """A job that holds resources, with the facts that price preempting it."""
+
+    job: Job
+    """The job."""
+    started_at: float
+    """When this run (after the latest admission) started."""
+    placement: tuple[tuple[int, int], ...] = ()
+    """(node index, GPUs) pairs when the cluster has nodes; empty for a flat pool."""
+    last_checkpoint_at: float | None = None
+    """Last completed checkpoint, if known; otherwise derived from the interval."""
+    terminating: bool = False
+    """A preemption notice was sent; it still holds its resources until it exits."""
+
+    def checkpoint_time(self, now: float) -> float:
+        """The latest time at which this run's progress was saved (the run start if never)."""
+        if self.last_checkpoint_at is not None:
+            return self.last_checkpoint_at
+        interval = self.job.checkpoint_interval_s
+        begin = self.started_at + self.job.restore_s
+        if not interval or now <= begin:
+            return self.started_at
+        return begin + ((now - begin) // interval) * interval
+
+
+# --- decisions -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Admit:
+    """Start `job_id` now, on `placement` (node, GPUs) pairs if the cluster has nodes."""
+
+    job_id: str
+    placement: tuple[tuple[int, int], ...] = ()
+    borrowing: bool = False
+    """True when part of it runs on borrowed (reclaimable) capacity."""
+    backfill: bool = False
+    """True when it was started ahead of a reserved head job."""
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Preempt:
+    """Send `job_id` a preemption notice with `grace_s` seconds to save and exit."""
+
+    job_id: str
+    grace_s: float
+    for_job: str
+    """The job the capacity is freed for."""
+    lost_gpu_s: float
+    """Estimated GPU-seconds this preemption costs (lost work plus restore)."""
+    reclaim: bool = False
+    """True when it reclaims borrowed capacity rather than serving a higher tier."""
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reserve:
+    """Capacity is held for the blocked head job `job_id`, expected to start at `start_at`."""
+
+    job_id: str
+    start_at: float
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CycleResult:
+    """What one cycle decided, with a readable reason for every job it looked at."""
+
+    admit: tuple[Admit, ...]
+    preempt: tuple[Preempt, ...]
+    reserve: tuple[Reserve, ...]
+    pending: dict[str, str]
+    """job id -> why it is still pending, for every pending job the cycle examined."""
+    default_reason: str
+    """Why pending jobs not in `pending` wait (the cycle stopped before them)."""
+    fragmentation: float
+    """Share of free GPUs that no pending job shape can use (0 without nodes)."""
+    examined: int
+    """How many pending jobs the cycle looked at."""
+
+    def reason_for(self, job_id: str) -> str:
+        """Why a job is pending (or what happened to it) after this cycle."""
+        for decision in (*self.admit, *self.preempt, *self.reserve):
+            if decision.job_id == job_id:
+                return decision.reason
+        return self.pending.get(job_id, self.default_reason)

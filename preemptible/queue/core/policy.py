@@ -1,0 +1,116 @@
+"""One `Policy` type for ours and the baselines, so that all run through the same cycle.
+
+A policy is a set of switches over the cycle's phases (ordering, quota, preemption, backfill)
+rather than a class per scheduler: the comparison in the simulator then measures the rules, not
+five implementations. The baselines model the defaults of the systems they are named after:
+
+- `fifo`: one line in submit order; the head blocks everyone (no quotas, no preemption).
+- `priority`: tiers first, then submit order; strict head-of-line, no preemption.
+- `kueue`: quota + borrowing + reclaim (`reclaimWithinCohort: Any`), preemption of lower
+  priority within a queue, BestEffortFIFO (a blocked head does not block others), victims by
+  lowest priority then most recently started, a fixed 30 s grace, no backfill.
+- `slurm`: multifactor priority (QOS tier, fair share 2^(-usage/share), age), EASY backfill
+  with a reservation for the blocked head; no quotas and no preemption (PreemptType=none).
+- `preemptible` (ours): tiers, decayed weighted DRF fair share plus aging, quota + borrowing +
+  reclaim, lower-tier preemption choosing the least lost work, negotiated grace and minimum
+  runtime, anti-thrashing budgets, and backfill with a reservation.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Ordering(enum.StrEnum):
+    """How pending jobs are ordered."""
+
+    FIFO = "fifo"
+    PRIORITY = "priority"
+    KUEUE = "kueue"
+    SLURM = "slurm"
+    FAIR = "fair"
+
+
+class VictimOrder(enum.StrEnum):
+    """Which running jobs are preempted first."""
+
+    LEAST_LOST_WORK = "least_lost_work"
+    LOWEST_PRIORITY_NEWEST = "lowest_priority_newest"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Policy:
+    """The switches that make a scheduler out of the shared cycle."""
+
+    name: str
+    """Name shown in reports."""
+    ordering: Ordering
+    """Order of pending jobs."""
+    quotas: bool = False
+    """Enforce nominal quota plus borrowing limit per queue."""
+    reclaim: bool = False
+    """A job within its queue's nominal quota may preempt work running on borrowed capacity."""
+    tier_preemption: bool = False
+    """A job may preempt lower-tier jobs."""
+    tier_preemption_across_queues: bool = False
+    """...also in other queues, where those run on borrowed capacity (else own queue only)."""
+    victim_order: VictimOrder = VictimOrder.LEAST_LOST_WORK
+    """How victims are chosen."""
+    backfill: bool = False
+    """Reserve capacity for the first blocked job and backfill behind it."""
+    head_of_line: bool = False
+    """Stop at the first job that does not fit (strict order)."""
+    protect_min_runtime: bool = False
+    """Never preempt a job before its negotiated minimum runtime (reclaim aside)."""
+    anti_thrashing: bool = False
+    """Per-job cooldown and per-queue hourly preemption budget."""
+    negotiated_grace: bool = False
+    """Grace from the job's measured save cost; otherwise `fixed_grace_s`."""
+    fixed_grace_s: float = 30.0
+    """Grace when not negotiated (Kubernetes' default terminationGracePeriodSeconds)."""
+    max_preemption_plans: int = 16
+    """At most this many victim searches per cycle (each scans running jobs)."""
+
+
+POLICIES: dict[str, Policy] = {
+    "fifo": Policy(name="fifo", ordering=Ordering.FIFO, head_of_line=True),
+    "priority": Policy(name="priority", ordering=Ordering.PRIORITY, head_of_line=True),
+    "kueue": Policy(
+        name="kueue",
+        ordering=Ordering.KUEUE,
+        quotas=True,
+        reclaim=True,
+        tier_preemption=True,
+        victim_order=VictimOrder.LOWEST_PRIORITY_NEWEST,
+    ),
+    "slurm": Policy(name="slurm", ordering=Ordering.SLURM, backfill=True),
+    "preemptible": Policy(
+        name="preemptible",
+        ordering=Ordering.FAIR,
+        quotas=True,
+        reclaim=True,
+        tier_preemption=True,
+        tier_preemption_across_queues=True,
+        victim_order=VictimOrder.LEAST_LOST_WORK,
+        backfill=True,
+        protect_min_runtime=True,
+        anti_thrashing=True,
+        negotiated_grace=True,
+    ),
+}
+"""The built-in policies by name; `preemptible` is ours, the others are baselines."""
+
+BASELINES = ("fifo", "priority", "kueue", "slurm")
+
+
+def get_policy(name: str) -> Policy:
+    """The built-in policy called `name`.
+
+    Raises:
+        KeyError: unknown name (the message lists the known ones).
+    """
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None

@@ -1,0 +1,249 @@
+"""Choosing which running jobs to preempt for a blocked job. Chooses; evicts nothing.
+
+Two reasons allow a preemption:
+
+1. reclaim: the blocked job would run within its queue's nominal quota, and the victim's queue
+   holds more than its nominal quota (runs on borrowed capacity). Tier and minimum runtime do not
+   protect borrowed work; that is the price of borrowing, and it keeps the nominal guarantee to
+   one grace period.
+2. tier: the victim's tier is strictly lower, it has run for its negotiated minimum runtime, was
+   not preempted within the cooldown, and its queue has budget left this hour. Victims come from
+   the blocked job's own queue, or (ours) from other queues' borrowed capacity, never from another
+   queue's guaranteed share.
+
+Among the allowed victims we look for a set that makes the job fit at the least lost work:
+GPU-seconds since each victim's last checkpoint (only its save time when it checkpoints on
+notice within its grace) plus its restore. Single-node jobs compare node by node; larger jobs
+add victims greedily by cost per GPU, then drop any victim the fit does not need (as kueue does).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+
+from preemptible.queue.core.config import PreemptionSettings
+from preemptible.queue.core.model import Job, RunningJob
+from preemptible.queue.core.negotiation import grace_seconds, min_runtime_seconds
+from preemptible.queue.core.placement import NodePool, Placement
+from preemptible.queue.core.policy import Policy, VictimOrder
+from preemptible.queue.core.quota import QuotaVerdict, check_quota, is_borrowing
+from preemptible.queue.core.state import ClusterState
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Victim:
+    """One chosen victim with its price."""
+
+    running: RunningJob
+    lost_gpu_s: float
+    grace_s: float
+    reclaim: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VictimPlan:
+    """Victims whose exit makes the blocked job fit, and where it will then go."""
+
+    victims: tuple[Victim, ...]
+    placement: Placement | None
+
+
+def victim_grace_s(job: Job, policy: Policy, settings: PreemptionSettings) -> float:
+    """Grace granted to a victim: negotiated from its save cost, or the policy's fixed value."""
+    if policy.negotiated_grace:
+        return grace_seconds(job.save_s, settings)
+    return policy.fixed_grace_s
+
+
+def lost_gpu_seconds(running: RunningJob, now: float, grace_s: float) -> float:
+    """GPU-seconds a preemption now would waste: unsaved work (or the save) plus restore."""
+    job = running.job
+    gpus = max(job.request.gpus, 1)
+    if job.checkpoint_on_notice and job.save_s <= grace_s:
+        return gpus * (job.save_s + job.restore_s)
+    return gpus * (max(0.0, now - running.checkpoint_time(now)) + job.restore_s)
+
+
+def queue_budget_left(
+    state: ClusterState, queue: str, now: float, settings: PreemptionSettings, used: int
+) -> int:
+    """Preemptions the queue may still suffer in the rolling hour."""
+    log = state.recent_preemptions.get(queue)
+    recent = 0
+    if log:
+        times = list(log)
+        recent = len(times) - bisect.bisect_left(times, now - 3600.0)
+    return settings.queue_budget_per_hour - recent - used
+
+
+def find_victims(
+    job: Job,
+    *,
+    now: float,
+    state: ClusterState,
+    alloc: Mapping[str, Sequence[float]],
+    free: Sequence[float],
+    pool: NodePool | None,
+    policy: Policy,
+    settings: PreemptionSettings,
+    taken: set[str],
+    budget_used: MutableMapping[str, int],
+) -> VictimPlan | None:
+    """The cheapest set of victims that lets `job` start, or None when there is none."""
+    queues = state.queues
+    queue = queues[job.queue]
+    req = job.request.as_tuple()
+    if policy.quotas:
+        verdict = check_quota(queue, alloc[job.queue], req)
+    else:
+        verdict = QuotaVerdict.WITHIN_NOMINAL
+    can_reclaim = policy.reclaim and policy.quotas and verdict is QuotaVerdict.WITHIN_NOMINAL
+    rank = job.tier.rank
+    can_tier = policy.tier_preemption and any(state.tier_gpus[t] for t in range(rank))
+    if not can_reclaim and not can_tier:
+        return None
+    borrowing = {name: is_borrowing(q, alloc[name]) for name, q in queues.items()}
+    if not can_tier and not any(borrowing.values()):
+        return None
+
+    budget: dict[str, int] = {}
+    candidates: list[tuple[tuple, RunningJob, float, float, bool]] = []
+    newest_first = policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST
+    for rj in state.running.values():
+        vjob = rj.job
+        if rj.terminating or vjob.id in taken:
+            continue
+        vq = vjob.queue
+        reclaim = can_reclaim and borrowing[vq] and vq != job.queue
+        tier_ok = False
+        if can_tier and vjob.tier.rank < rank:
+            same = vq == job.queue
+            tier_ok = same or (policy.tier_preemption_across_queues and borrowing[vq])
+            if tier_ok and policy.protect_min_runtime:
+                floor = min_runtime_seconds(vjob.save_s, vjob.restore_s, settings)
+                tier_ok = now - rj.started_at >= floor
+            if tier_ok and policy.anti_thrashing:
+                last = vjob.last_preempted_at
+                if last is not None and now - last < settings.cooldown_s:
+                    tier_ok = False
+                else:
+                    if vq not in budget:
+                        budget[vq] = queue_budget_left(
+                            state, vq, now, settings, budget_used.get(vq, 0)
+                        )
+                    tier_ok = budget[vq] > 0
+        if not (reclaim or tier_ok):
+            continue
+        grace = victim_grace_s(vjob, policy, settings)
+        lost = lost_gpu_seconds(rj, now, grace)
+        if newest_first:
+            key = (vjob.tier.rank, -rj.started_at, vjob.id)
+        else:
+            key = (lost / max(vjob.request.gpus, 1), lost, -rj.started_at, vjob.id)
+        candidates.append((key, rj, lost, grace, not tier_ok))
+    if not candidates:
+        return None
+    candidates.sort(key=lambda c: c[0])
+
+    def quota_ok(freed_own: Sequence[float]) -> bool:
+        if not policy.quotas:
+            return True
+        own = alloc[job.queue]
+        after = [own[i] - freed_own[i] for i in range(3)]
+        return check_quota(queue, after, req) is not QuotaVerdict.OVER_LIMIT
+
+    if pool is not None and 0 < req[0] <= pool.gpus_per_node:
+        chosen, placement = _per_node(job, candidates, free, pool, quota_ok)
+    else:
+        chosen, placement = _greedy(job, candidates, free, pool, quota_ok)
+    if chosen is None:
+        return None
+    victims = tuple(
+        Victim(running=c[1], lost_gpu_s=c[2], grace_s=c[3], reclaim=c[4]) for c in chosen
+    )
+    for v in victims:
+        budget_used[v.running.job.queue] = budget_used.get(v.running.job.queue, 0) + 1
+    return VictimPlan(victims=victims, placement=placement)
+
+
+def _fits_flat(free: Sequence[float], freed: Sequence[float], req: Sequence[float]) -> bool:
+    return all(free[i] + freed[i] + 1e-9 >= req[i] for i in range(3))
+
+
+def _greedy(job, candidates, free, pool, quota_ok):
+    """Add victims cheapest-per-GPU first until the job fits, then drop the unneeded ones."""
+    req = job.request.as_tuple()
+    freed = [0.0, 0.0, 0.0]
+    freed_own = [0.0, 0.0, 0.0]
+    test = pool.copy() if pool is not None else None
+    chosen = []
+
+    def fits() -> bool:
+        if not _fits_flat(free, freed, req) or not quota_ok(freed_own):
+            return False
+        return test is None or test.find(req[0]) is not None
+
+    def account(c, sign: int) -> None:
+        r = c[1].job.request.as_tuple()
+        own = c[1].job.queue == job.queue
+        for i in range(3):
+            freed[i] += sign * r[i]
+            if own:
+                freed_own[i] += sign * r[i]
+        if test is not None:
+            (test.give if sign > 0 else test.take)(c[1].placement)
+
+    for c in candidates:
+        chosen.append(c)
+        account(c, +1)
+        if fits():
+            break
+    else:
+        return None, None
+    for c in reversed(chosen[:-1]):
+        account(c, -1)
+        if fits():
+            chosen.remove(c)
+        else:
+            account(c, +1)
+    placement = test.find(req[0]) if test is not None else None
+    return chosen, placement
+
+
+def _per_node(job, candidates, free, pool, quota_ok):
+    """For a single-node job: on each node, the cheapest victims that make room; best node wins."""
+    req = job.request.as_tuple()
+    gpus = req[0]
+    by_node: dict[int, list] = {}
+    for c in candidates:
+        for node, _ in c[1].placement:
+            by_node.setdefault(node, []).append(c)
+    best = None
+    for node, cands in by_node.items():
+        room = pool.free[node]
+        if room + sum(g for c in cands for n, g in c[1].placement if n == node) < gpus:
+            continue
+        freed = [0.0, 0.0, 0.0]
+        freed_own = [0.0, 0.0, 0.0]
+        chosen = []
+        cost = 0.0
+        for c in cands:
+            chosen.append(c)
+            cost += c[2]
+            r = c[1].job.request.as_tuple()
+            for i in range(3):
+                freed[i] += r[i]
+                if c[1].job.queue == job.queue:
+                    freed_own[i] += r[i]
+            room += sum(g for n, g in c[1].placement if n == node)
+            if room >= gpus and _fits_flat(free, freed, req) and quota_ok(freed_own):
+                break
+        else:
+            continue
+        if best is None or (cost, node) < (best[0], best[1]):
+            best = (cost, node, chosen)
+    if best is None:
+        return None, None
+    return best[2], ((best[1], gpus),)

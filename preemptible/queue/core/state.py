@@ -1,0 +1,231 @@
+"""The scheduler's state between cycles, kept incrementally, and the snapshot a cycle reads.
+
+Rebuilding per-queue totals, node occupancy and the pending order from scratch each cycle costs
+O(jobs) and dominated a naive simulator. `ClusterState` keeps them up to date as jobs are
+submitted, started and finished, so a cycle costs what it examines. It is plain data with methods
+(no I/O, no clock), shared by the live service and the simulator; a cycle only reads it through
+a `Snapshot` and never mutates it.
+
+Pending jobs are grouped by (queue, tier, request shape), each group in submit order. Every
+ordering criterion is the same for a whole group except age, and age only grows with waiting,
+so the oldest job of a group always comes first: a cycle merges the group heads instead of
+sorting all pending jobs, and a group whose head cannot fit is skipped as a whole.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from preemptible.queue.core.model import Cluster, Job, Queue, RunningJob
+from preemptible.queue.core.placement import NodePool
+
+GroupKey = tuple[str, int, int, float, float]
+
+
+def group_key(job: Job) -> GroupKey:
+    """(queue, tier rank, gpus, cpus, memory): jobs with the same key differ only in age."""
+    r = job.request
+    return (job.queue, job.tier.rank, r.gpus, r.cpus, r.memory_gb)
+
+
+class PendingGroup:
+    """Pending jobs of one group, in (submitted_at, id) order."""
+
+    __slots__ = ("jobs", "keys")
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[float, str]] = []
+        self.jobs: list[Job] = []
+
+    def add(self, job: Job) -> None:
+        key = (job.submitted_at, job.id)
+        i = bisect.bisect_left(self.keys, key)
+        self.keys.insert(i, key)
+        self.jobs.insert(i, job)
+
+    def remove(self, job: Job) -> None:
+        i = bisect.bisect_left(self.keys, (job.submitted_at, job.id))
+        if i < len(self.keys) and self.jobs[i].id == job.id:
+            del self.keys[i]
+            del self.jobs[i]
+
+
+class ClusterState:
+    """Everything a cycle needs, maintained incrementally by the shell (service or simulator)."""
+
+    def __init__(self, cluster: Cluster, queues: Iterable[Queue]):
+        self.cluster = cluster
+        self.queues: dict[str, Queue] = {q.name: q for q in queues}
+        self.pending: dict[str, Job] = {}
+        self.groups: dict[GroupKey, PendingGroup] = {}
+        self.running: dict[str, RunningJob] = {}
+        self.alloc: dict[str, list[float]] = {name: [0, 0.0, 0.0] for name in self.queues}
+        """Per queue: GPUs, CPUs, memory held (terminating jobs included)."""
+        self.used: list[float] = [0, 0.0, 0.0]
+        self.tier_gpus: list[int] = [0, 0, 0, 0]
+        """GPUs held by non-terminating running jobs, per tier rank."""
+        self.pool: NodePool | None = (
+            NodePool(cluster.nodes, cluster.gpus_per_node)
+            if cluster.nodes and cluster.gpus_per_node
+            else None
+        )
+        self.node_jobs: list[set[str]] = [set() for _ in range(cluster.nodes or 0)]
+        self.ends: list[tuple[float, str]] = []
+        """(expected end, job id) of running jobs, sorted, for reservations."""
+        self._end_of: dict[str, float] = {}
+        self.recent_preemptions: dict[str, deque[float]] = {n: deque() for n in self.queues}
+        """Per victim queue, times of preemptions (the shell may trim entries older than 1 h)."""
+        self.nominated: dict[str, float] = {}
+        """Preemptor job id -> when its victims were told to go."""
+
+    # --- pending ------------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Add a pending job (new or requeued)."""
+        if job.queue not in self.queues:
+            raise KeyError(f"job {job.id!r}: unknown queue {job.queue!r}")
+        self.pending[job.id] = job
+        key = group_key(job)
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = PendingGroup()
+        group.add(job)
+
+    def withdraw(self, job_id: str) -> Job:
+        """Remove a pending job (admitted or cancelled) and return it."""
+        job = self.pending.pop(job_id)
+        key = group_key(job)
+        group = self.groups[key]
+        group.remove(job)
+        if not group.jobs:
+            del self.groups[key]
+        self.nominated.pop(job_id, None)
+        return job
+
+    # --- running ------------------------------------------------------------------------------
+
+    def start(self, running: RunningJob, *, expected_end: float) -> None:
+        """Record that a job holds resources from now on."""
+        job = running.job
+        self.running[job.id] = running
+        r = job.request
+        a = self.alloc[job.queue]
+        a[0] += r.gpus
+        a[1] += r.cpus
+        a[2] += r.memory_gb
+        self.used[0] += r.gpus
+        self.used[1] += r.cpus
+        self.used[2] += r.memory_gb
+        if not running.terminating:
+            self.tier_gpus[job.tier.rank] += r.gpus
+        if self.pool is not None:
+            self.pool.take(running.placement)
+            for node, _ in running.placement:
+                self.node_jobs[node].add(job.id)
+        bisect.insort(self.ends, (expected_end, job.id))
+        self._end_of[job.id] = expected_end
+
+    def mark_terminating(self, job_id: str, *, expected_end: float) -> None:
+        """A preemption notice was sent: still holds resources, no longer a preemption candidate."""
+        running = self.running[job_id]
+        if running.terminating:
+            return
+        self.running[job_id] = RunningJob(
+            job=running.job,
+            started_at=running.started_at,
+            placement=running.placement,
+            last_checkpoint_at=running.last_checkpoint_at,
+            terminating=True,
+        )
+        self.tier_gpus[running.job.tier.rank] -= running.job.request.gpus
+        self._move_end(job_id, expected_end)
+
+    def finish(self, job_id: str) -> RunningJob:
+        """Release a running job's resources (completed, preempted or failed)."""
+        running = self.running.pop(job_id)
+        job = running.job
+        r = job.request
+        a = self.alloc[job.queue]
+        a[0] -= r.gpus
+        a[1] -= r.cpus
+        a[2] -= r.memory_gb
+        self.used[0] -= r.gpus
+        self.used[1] -= r.cpus
+        self.used[2] -= r.memory_gb
+        if not running.terminating:
+            self.tier_gpus[job.tier.rank] -= r.gpus
+        if self.pool is not None:
+            self.pool.give(running.placement)
+            for node, _ in running.placement:
+                self.node_jobs[node].discard(job_id)
+        end = self._end_of.pop(job_id)
+        i = bisect.bisect_left(self.ends, (end, job_id))
+        del self.ends[i]
+        return running
+
+    def _move_end(self, job_id: str, end: float) -> None:
+        old = self._end_of[job_id]
+        i = bisect.bisect_left(self.ends, (old, job_id))
+        del self.ends[i]
+        bisect.insort(self.ends, (end, job_id))
+        self._end_of[job_id] = end
+
+    def record_preemption(self, queue: str, at: float, *, preemptor: str) -> None:
+        """Count a preemption against the victim's queue and remember the preemptor's nomination."""
+        log = self.recent_preemptions.setdefault(queue, deque())
+        log.append(at)
+        while log and log[0] < at - 3600.0:
+            log.popleft()
+        self.nominated[preemptor] = at
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Snapshot:
+    """What one cycle sees: the state plus the decayed fair-share usage at this moment."""
+
+    state: ClusterState
+    """The incremental state; read-only for the cycle."""
+    usage: Mapping[str, float] = field(default_factory=dict)
+    """Decayed time-average dominant share per queue (see `fair_share.UsageTracker`)."""
+
+
+def build_snapshot(
+    cluster: Cluster,
+    queues: Iterable[Queue],
+    *,
+    pending: Iterable[Job] = (),
+    running: Iterable[RunningJob] = (),
+    usage: Mapping[str, float] | None = None,
+    recent_preemptions: Mapping[str, Iterable[float]] | None = None,
+    nominated: Mapping[str, float] | None = None,
+    default_estimate_s: float = 4 * 3600.0,
+) -> Snapshot:
+    """A snapshot from plain lists (for tests, tools and the service's first load).
+
+    Running jobs without a placement on a node cluster are placed best-fit here, so that a
+    caller who only knows counts still gets a consistent picture.
+    """
+    state = ClusterState(cluster, queues)
+    for job in pending:
+        state.submit(job)
+    for rj in running:
+        if state.pool is not None and not rj.placement and rj.job.request.gpus:
+            where = state.pool.find(rj.job.request.gpus)
+            if where is None:
+                raise ValueError(f"running job {rj.job.id!r} does not fit on the nodes")
+            rj = RunningJob(
+                job=rj.job,
+                started_at=rj.started_at,
+                placement=where,
+                last_checkpoint_at=rj.last_checkpoint_at,
+                terminating=rj.terminating,
+            )
+        estimate = rj.job.estimate_s if rj.job.estimate_s is not None else default_estimate_s
+        state.start(rj, expected_end=rj.started_at + rj.job.restore_s + estimate)
+    for name, times in (recent_preemptions or {}).items():
+        state.recent_preemptions[name] = deque(sorted(times))
+    state.nominated.update(nominated or {})
+    return Snapshot(state=state, usage=dict(usage or {}))

@@ -1,0 +1,15 @@
+"""The trace simulator: the pure scheduling core replayed in virtual time (`preemptible sim`)."""
+
+from preemptible.sim.engine import SimOptions, SimResult, Simulator
+from preemptible.sim.metrics import summarize
+from preemptible.sim.trace import TraceJob, read_trace, write_trace
+
+__all__ = [
+    "SimOptions",
+    "SimResult",
+    "Simulator",
+    "TraceJob",
+    "read_trace",
+    "summarize",
+    "write_trace",
+]

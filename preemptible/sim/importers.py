@@ -1,0 +1,207 @@
+"""Convert the public traces in ../shared/traces/ to the canonical trace, and size a cluster.
+
+The layout is recognised from the header row, as `shared/traces/stats.py` does. What each
+source lacks is filled in openly, never invented silently:
+
+- Philly (Pollux `philly.csv`): queue = the Philly VC (`cluster` column); tier normal.
+- Chronus (`trace_job_Philly_*.csv`): times are minutes (x60); queue = the VC (`user`);
+  tier from `job_type`: strict -> high, soft -> normal, best -> low. Rows with 0 GPUs are dropped.
+- Microsoft ITP (raw and elasticflow) and Tiresias: no group column; jobs are spread over
+  `teams` synthetic queues by a hash of the job id (stable across runs); tier normal.
+
+No source has runtime estimates or checkpoint costs; those columns stay empty and the simulator
+uses its defaults (see `SimOptions`).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import math
+import zlib
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from preemptible.errors import TraceFormatError
+from preemptible.sim.trace import REQUIRED, TraceJob, read_trace
+
+TEAM_NAMES = tuple(f"team-{c}" for c in "abcdefghij")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Imported:
+    """The converted jobs and what the conversion had to drop."""
+
+    layout: str
+    jobs: list[TraceJob]
+    dropped: int
+    """Rows skipped (zero GPUs, missing times); the reason is in `note`."""
+    note: str = ""
+
+
+def detect_layout(header: Sequence[str]) -> str | None:
+    """Name of the layout of a CSV header, or None."""
+    cols = {h.strip() for h in header}
+    if set(REQUIRED) <= cols:
+        return "canonical"
+    if {"timestamp", "duration", "num_gpus", "cluster"} <= cols:
+        return "philly-pollux"
+    if {"submit_time", "duration", "num_gpu", "job_type", "user"} <= cols:
+        return "chronus"
+    if {"submission_time", "duration", "num_gpu"} <= cols:
+        return "itp"
+    if {"job_id", "num_gpu", "submit_time", "duration"} <= cols:
+        return "tiresias"
+    return None
+
+
+def _team(job_id: str, teams: int) -> str:
+    return TEAM_NAMES[zlib.crc32(job_id.encode()) % teams]
+
+
+def import_trace(path: str | Path, *, teams: int = 4) -> Imported:
+    """Read a public trace (or a canonical one) into canonical jobs, submit times from 0.
+
+    Raises:
+        TraceFormatError: the layout is not recognised or a value is invalid.
+    """
+    path = Path(path)
+    if not 1 <= teams <= len(TEAM_NAMES):
+        raise TraceFormatError(f"teams must be between 1 and {len(TEAM_NAMES)}")
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        layout = detect_layout(header)
+        if layout is None:
+            raise TraceFormatError(
+                f"{path}: unknown trace layout (columns: {', '.join(header)}); expected the "
+                "canonical columns or a Philly, Chronus, ITP or Tiresias trace"
+            )
+        if layout == "canonical":
+            return Imported(layout=layout, jobs=read_trace(path), dropped=0)
+        reader.fieldnames = header
+        rows = list(reader)
+    jobs: list[TraceJob] = []
+    dropped = 0
+    for line, row in enumerate(rows, start=2):
+        try:
+            job = _convert(layout, row, line, teams)
+        except (ValueError, KeyError) as exc:
+            raise TraceFormatError(f"{path}:{line}: {exc}") from None
+        if job is None:
+            dropped += 1
+        else:
+            jobs.append(job)
+    if not jobs:
+        raise TraceFormatError(f"{path}: no usable rows")
+    t0 = min(j.submit_s for j in jobs)
+    jobs = [_shift(j, t0) for j in jobs]
+    jobs.sort(key=lambda j: (j.submit_s, j.job_id))
+    note = f"{dropped} rows without GPUs or times dropped" if dropped else ""
+    return Imported(layout=layout, jobs=jobs, dropped=dropped, note=note)
+
+
+def _shift(job: TraceJob, t0: float) -> TraceJob:
+    return TraceJob(
+        job_id=job.job_id,
+        submit_s=job.submit_s - t0,
+        duration_s=job.duration_s,
+        gpus=job.gpus,
+        queue=job.queue,
+        tier=job.tier,
+    )
+
+
+def _convert(layout: str, row: dict[str, str], line: int, teams: int) -> TraceJob | None:
+    if layout == "philly-pollux":
+        when = dt.datetime.fromisoformat(row["timestamp"].strip()).replace(tzinfo=dt.UTC)
+        gpus = int(float(row["num_gpus"]))
+        job_id, submit = f"philly-{line - 1}", when.timestamp()
+        duration, queue, tier = float(row["duration"]), f"vc-{row['cluster'].strip()}", "normal"
+    elif layout == "chronus":
+        gpus = int(float(row["num_gpu"]))
+        job_id = f"chronus-{row['job_id'].strip()}"
+        submit, duration = float(row["submit_time"]) * 60.0, float(row["duration"]) * 60.0
+        queue = row["user"].strip() or "vc-unknown"
+        tier = {"strict": "high", "soft": "normal", "best": "low"}.get(
+            row["job_type"].strip(), "normal"
+        )
+    else:  # itp, tiresias
+        gpus = int(float(row["num_gpu"]))
+        raw_id = row["job_id"].strip()
+        job_id = raw_id if layout == "itp" else f"tiresias-{raw_id}"
+        submit_col = "submission_time" if layout == "itp" else "submit_time"
+        submit, duration = float(row[submit_col]), float(row["duration"])
+        queue, tier = _team(job_id, teams), "normal"
+    if gpus <= 0 or not math.isfinite(submit) or not math.isfinite(duration):
+        return None
+    return TraceJob(
+        job_id=job_id,
+        submit_s=submit,
+        duration_s=max(1.0, duration),
+        gpus=gpus,
+        queue=queue,
+        tier=tier,
+    )
+
+
+def offered_gpus(jobs: Sequence[TraceJob]) -> float:
+    """Mean busy GPUs if every job ran at submission: GPU-hours / hours to the last end."""
+    if not jobs:
+        return 0.0
+    start = min(j.submit_s for j in jobs)
+    end = max(j.submit_s + j.duration_s for j in jobs)
+    return sum(j.gpus * j.duration_s for j in jobs) / max(end - start, 1.0)
+
+
+def suggest_config(
+    jobs: Sequence[TraceJob],
+    *,
+    gpus: int | None = None,
+    gpus_per_node: int | None = 8,
+    load: float = 1.0,
+    half_life: str = "7d",
+) -> str:
+    """A TOML configuration for a trace: one queue per trace queue, quotas by demand.
+
+    The cluster defaults to the offered load divided by `load` (so load 1.0 means the cluster is
+    exactly as large as the mean demand and is oversubscribed whenever demand bursts), rounded
+    up to whole nodes and at least as large as the largest job. Weights and nominal quotas are
+    proportional to each queue's GPU-hours; borrowing is unlimited.
+    """
+    per = gpus_per_node or 1
+    biggest = max((j.gpus for j in jobs), default=1)
+    if gpus is None:
+        gpus = max(biggest, math.ceil(offered_gpus(jobs) / load / per) * per, per)
+    if gpus_per_node and gpus % gpus_per_node:
+        gpus = math.ceil(gpus / gpus_per_node) * gpus_per_node
+    demand: dict[str, float] = defaultdict(float)
+    for j in jobs:
+        demand[j.queue] += j.gpus * j.duration_s
+    total = sum(demand.values()) or 1.0
+    lines = ["[cluster]", f"gpus = {gpus}"]
+    if gpus_per_node:
+        lines += [f"nodes = {gpus // gpus_per_node}", f"gpus_per_node = {gpus_per_node}"]
+    lines += [
+        "",
+        "[policy]",
+        f'fair_share_half_life = "{half_life}"',
+        'aging = "1h"',
+        "backfill = true",
+        "",
+        "[preemption]",
+        'min_runtime = "5m"',
+        "",
+    ]
+    for name in sorted(demand):
+        share = demand[name] / total
+        lines += [
+            "[[queues]]",
+            f'name = "{name}"',
+            f"weight = {max(round(share, 4), 0.0001)}",
+            f"nominal = {{ gpus = {math.floor(share * gpus)} }}",
+            "",
+        ]
+    return "\n".join(lines)

@@ -1,0 +1,91 @@
+"""The four signals of DESIGN.md §5 plus job completion times, per queue and overall.
+
+- p95 / max queue wait: total time a job spent pending, requeues included;
+- utilisation: GPU-seconds held / GPU-seconds available over the horizon (first submit to last
+  completion); goodput: the same minus GPU-seconds lost to preemption;
+- preemptions per hour and lost GPU-seconds per preemption;
+- max wait of the least-served queue: the largest max wait of any queue (that queue is named).
+
+Per-queue utilisation and goodput are shares of the whole cluster, so they add up to overall.
+`demand_ratio` (GPU-seconds of work submitted / GPU-seconds available while jobs were arriving)
+says whether demand exceeded supply, which is where the goodput goal applies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from preemptible.sim.engine import JobRecord, SimResult
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of unsorted values; 0.0 for none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, math.ceil(q / 100.0 * len(ordered)) - 1))
+    return ordered[k]
+
+
+def _metrics(records: Sequence[JobRecord], available_gpu_s: float, hours: float) -> dict[str, Any]:
+    waits = [r.wait_s for r in records]
+    jcts = [(r.end_s or 0.0) - r.trace.submit_s for r in records]
+    admitted = sum(r.admitted_gpu_s for r in records)
+    lost = sum(r.lost_gpu_s for r in records)
+    preemptions = sum(r.preemptions for r in records)
+    return {
+        "jobs": len(records),
+        "p95_wait_s": percentile(waits, 95),
+        "max_wait_s": max(waits, default=0.0),
+        "mean_wait_s": sum(waits) / len(waits) if waits else 0.0,
+        "mean_jct_s": sum(jcts) / len(jcts) if jcts else 0.0,
+        "p95_jct_s": percentile(jcts, 95),
+        "utilization": admitted / available_gpu_s if available_gpu_s else 0.0,
+        "goodput": (admitted - lost) / available_gpu_s if available_gpu_s else 0.0,
+        "gpu_s_admitted": admitted,
+        "preemptions": preemptions,
+        "preemptions_per_hour": preemptions / hours if hours else 0.0,
+        "lost_gpu_s": lost,
+        "lost_gpu_s_per_preemption": lost / preemptions if preemptions else 0.0,
+    }
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    """`{"overall": M, "queues": {name: M}}` in the `--json` schema of DESIGN.md §6."""
+    horizon = max(result.end_s - result.start_s, 1e-9)
+    available = result.gpus * horizon
+    hours = horizon / 3600.0
+    by_queue: dict[str, list[JobRecord]] = {name: [] for name in result.weights}
+    for rec in result.records:
+        by_queue.setdefault(rec.trace.queue, []).append(rec)
+    queues = {name: _metrics(recs, available, hours) for name, recs in by_queue.items() if recs}
+    total_weight = sum(result.weights[n] for n in queues) or 1.0
+    total_admitted = sum(m["gpu_s_admitted"] for m in queues.values()) or 1.0
+    for name, m in queues.items():
+        m["weight_share"] = result.weights[name] / total_weight
+        m["gpu_share"] = m["gpu_s_admitted"] / total_admitted
+    overall = _metrics(result.records, available, hours)
+    least = max(queues, key=lambda n: (queues[n]["max_wait_s"], n), default="")
+    last_submit = max((r.trace.submit_s for r in result.records), default=result.start_s)
+    window = max(last_submit - result.start_s, 1.0)
+    demand = sum(r.trace.duration_s * r.trace.gpus for r in result.records)
+    overall.update(
+        {
+            "max_wait_least_served_s": queues[least]["max_wait_s"] if least else 0.0,
+            "least_served_queue": least,
+            "sim_seconds": result.sim_seconds,
+            "horizon_s": horizon,
+            "gpus": result.gpus,
+            "cycles": result.cycles,
+            "fragmentation_mean": result.fragmentation_mean,
+            "demand_ratio": demand / (result.gpus * window),
+            "lost_share_of_delivered": (
+                overall["lost_gpu_s"] / overall["gpu_s_admitted"]
+                if overall["gpu_s_admitted"]
+                else 0.0
+            ),
+        }
+    )
+    return {"overall": overall, "queues": queues}

@@ -1,0 +1,150 @@
+"""The canonical trace format: one CSV row per job (DESIGN.md §6, contract).
+
+Required columns: job_id, submit_s, duration_s, gpus, queue, tier.
+Optional columns: cpus, memory_gb, estimate_s, checkpoint_s (empty cells mean "not given").
+Any other column is ignored, so importers may keep provenance columns. Every problem raises
+`TraceFormatError` naming the file, the line and the column, because a simulator that silently
+skips bad rows reports numbers for a different workload.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from preemptible.errors import TraceFormatError
+
+REQUIRED = ("job_id", "submit_s", "duration_s", "gpus", "queue", "tier")
+OPTIONAL = ("cpus", "memory_gb", "estimate_s", "checkpoint_s")
+TIERS = ("critical", "high", "normal", "low")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TraceJob:
+    """One job of a trace."""
+
+    job_id: str
+    submit_s: float
+    duration_s: float
+    """Work to do, in seconds of uninterrupted running."""
+    gpus: int
+    queue: str
+    tier: str = "normal"
+    cpus: float = 0.0
+    memory_gb: float = 0.0
+    estimate_s: float | None = None
+    """User's runtime estimate, for backfill."""
+    checkpoint_s: float | None = None
+    """Save (and restore) cost of one checkpoint."""
+
+
+def read_trace(path: str | Path) -> list[TraceJob]:
+    """Read a canonical trace CSV, sorted by submit time then file order.
+
+    Raises:
+        TraceFormatError: a required column is missing or a value is invalid.
+        OSError: the file cannot be read.
+    """
+    path = Path(path)
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        missing = [c for c in REQUIRED if c not in header]
+        if missing:
+            raise TraceFormatError(
+                f"{path}: missing column {missing[0]!r} (a trace needs {', '.join(REQUIRED)}; "
+                "convert public traces with `preemptible sim import`)"
+            )
+        reader.fieldnames = header
+        jobs = [_row(path, line, row) for line, row in enumerate(reader, start=2)]
+    seen: set[str] = set()
+    for job in jobs:
+        if job.job_id in seen:
+            raise TraceFormatError(f"{path}: job_id {job.job_id!r} appears twice")
+        seen.add(job.job_id)
+    jobs.sort(key=lambda j: j.submit_s)
+    return jobs
+
+
+def _row(path: Path, line: int, row: dict[str, str | None]) -> TraceJob:
+    def text(col: str) -> str:
+        value = row.get(col)
+        return "" if value is None else value.strip()
+
+    def number(col: str, *, required: bool, minimum: float = 0.0) -> float | None:
+        raw = text(col)
+        if raw == "":
+            if required:
+                raise TraceFormatError(f"{path}:{line}: column {col!r} is empty")
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            raise TraceFormatError(
+                f"{path}:{line}: column {col!r}: {raw!r} is not a number"
+            ) from None
+        if not math.isfinite(value) or value < minimum:
+            raise TraceFormatError(
+                f"{path}:{line}: column {col!r}: {raw!r} must be a number >= {minimum:g}"
+            )
+        return value
+
+    job_id = text("job_id")
+    if not job_id:
+        raise TraceFormatError(f"{path}:{line}: column 'job_id' is empty")
+    queue = text("queue")
+    if not queue:
+        raise TraceFormatError(f"{path}:{line}: column 'queue' is empty")
+    tier = text("tier").lower() or "normal"
+    if tier not in TIERS:
+        raise TraceFormatError(
+            f"{path}:{line}: column 'tier': {tier!r} is not one of {', '.join(TIERS)}"
+        )
+    gpus = number("gpus", required=True)
+    assert gpus is not None
+    if gpus != int(gpus):
+        raise TraceFormatError(f"{path}:{line}: column 'gpus': {gpus:g} is not a whole number")
+    return TraceJob(
+        job_id=job_id,
+        submit_s=number("submit_s", required=True) or 0.0,
+        duration_s=number("duration_s", required=True) or 0.0,
+        gpus=int(gpus),
+        queue=queue,
+        tier=tier,
+        cpus=number("cpus", required=False) or 0.0,
+        memory_gb=number("memory_gb", required=False) or 0.0,
+        estimate_s=number("estimate_s", required=False),
+        checkpoint_s=number("checkpoint_s", required=False),
+    )
+
+
+def write_trace(path: str | Path, jobs: Iterable[TraceJob]) -> int:
+    """Write jobs as a canonical trace CSV; returns the number of rows."""
+    count = 0
+    with Path(path).open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow((*REQUIRED, *OPTIONAL))
+        for j in jobs:
+            writer.writerow(
+                (
+                    j.job_id,
+                    _fmt(j.submit_s),
+                    _fmt(j.duration_s),
+                    j.gpus,
+                    j.queue,
+                    j.tier,
+                    _fmt(j.cpus) if j.cpus else "",
+                    _fmt(j.memory_gb) if j.memory_gb else "",
+                    "" if j.estimate_s is None else _fmt(j.estimate_s),
+                    "" if j.checkpoint_s is None else _fmt(j.checkpoint_s),
+                )
+            )
+            count += 1
+    return count
+
+
+def _fmt(value: float) -> str:
+    return str(int(value)) if value == int(value) else f"{value:.3f}"
