@@ -25,7 +25,9 @@ def assert_same(a: Any, b: Any, path: str = "state") -> None:
     """Bit-exact structural equality of two states (dtypes and shapes included)."""
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor), f"{path}: {type(b)}"
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
+        assert a.dtype == b.dtype and a.shape == b.shape, (
+            f"{path}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
+        )
         assert torch.equal(_raw(a), _raw(b)), f"{path}: bytes differ"
     elif isinstance(a, np.ndarray):
         assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, path

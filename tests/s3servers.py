@@ -59,7 +59,9 @@ def free_port() -> int:
 def _bin(name: str) -> str:
     path = Path(sys.executable).parent / name
     if not path.exists():
-        raise RuntimeError(f"{name} not found next to {sys.executable}; run `make test` to install it")
+        raise RuntimeError(
+            f"{name} not found next to {sys.executable}; run `make test` to install it"
+        )
     return str(path)
 
 
@@ -86,7 +88,7 @@ def _wait_ready(server: S3Server, timeout: float = 60.0) -> None:
             fs.pipe_file("ready-probe/x", b"x")
             fs.rm("ready-probe", recursive=True)
             return
-        except Exception as e:  # noqa: BLE001 - retried until the deadline
+        except Exception as e:
             last = e
             time.sleep(0.2)
     raise RuntimeError(f"{server.name} at {server.endpoint} not ready after {timeout}s: {last!r}")

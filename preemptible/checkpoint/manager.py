@@ -38,7 +38,7 @@ from preemptible.checkpoint.manifest import (
 from preemptible.checkpoint.retention import steps_to_delete
 from preemptible.checkpoint.serialize import flatten, unflatten
 from preemptible.checkpoint.stats import CheckpointCost, CostTracker
-from preemptible.checkpoint.storage import CheckpointStorage, CommitMode, open_storage
+from preemptible.checkpoint.storage import CheckpointStorage, CommitMode, Staging, open_storage
 from preemptible.errors import (
     CheckpointCorruptedError,
     CheckpointFormatError,
@@ -202,7 +202,7 @@ class Checkpointer:
                 versions=_versions(),
                 metadata=metadata,
             )
-            committed = storage.commit(staging, step_dir, manifest.to_bytes())
+            manifest = self._commit(staging, step_dir, manifest)
         except BaseException as e:
             if staging is not None:
                 _best_effort(storage.abort, staging)
@@ -213,23 +213,30 @@ class Checkpointer:
                 "committed and earlier checkpoints are untouched; fix the storage (space, "
                 "permissions, credentials, network) and save again"
             ) from e
-        if not committed:
-            _best_effort(storage.abort, staging)
-            existing = self._read_manifest(step_dir)
-            if existing is None:
-                raise StorageError(
-                    f"step {step} at {storage.describe(step_dir)} appeared during the save but "
-                    "has no valid manifest; another writer is misbehaving on this root"
-                )
-            log.warning(
-                "step %d was already committed at %s by writer %s; keeping it and discarding "
-                "this save (a committed checkpoint is never overwritten)",
-                step,
-                storage.describe(step_dir),
-                existing.writer.get("id", "?"),
-            )
-            manifest = existing
         return self._info(step_dir, manifest)
+
+    def _commit(self, staging: Staging, step_dir: str, manifest: Manifest) -> Manifest:
+        """Commit, or defer to another writer's earlier commit of the same step."""
+        storage = self._storage
+        for _ in range(3):
+            if storage.commit(staging, step_dir, manifest.to_bytes()):
+                return manifest
+            existing = self._read_manifest(step_dir)
+            if existing is not None:
+                log.warning(
+                    "step %d was already committed at %s by writer %s; keeping it and discarding "
+                    "this save (a committed checkpoint is never overwritten)",
+                    manifest.step,
+                    storage.describe(step_dir),
+                    existing.writer.get("id", "?"),
+                )
+                storage.abort(staging)
+                return existing
+            # It vanished between the two calls: another writer's retention deleted it. Retry.
+        raise StorageError(
+            f"step {manifest.step} at {storage.describe(step_dir)} keeps appearing without a "
+            "valid manifest; another process is writing this root in an incompatible way"
+        )
 
     # --- listing -----------------------------------------------------------------------------
 
