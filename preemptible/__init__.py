@@ -1,11 +1,33 @@
 """preemptible: lose at most one step to a preemption, never a checkpoint.
 
-The public API is what this module exports; integrations import only from here.
+The public API is what this module exports; integrations import only from here. Names are
+resolved lazily so that `preemptible.queue` and the simulator never pay for importing torch.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from preemptible._version import __version__
-from preemptible.checkpoint import CheckpointCost, CheckpointInfo, Checkpointer, VerifyReport
+
+if TYPE_CHECKING:
+    from preemptible.checkpoint import CheckpointCost, Checkpointer, CheckpointInfo, VerifyReport
+
+_EXPORTS = {
+    "CheckpointCost": "preemptible.checkpoint",
+    "CheckpointInfo": "preemptible.checkpoint",
+    "Checkpointer": "preemptible.checkpoint",
+    "VerifyReport": "preemptible.checkpoint",
+}
 
 __all__ = ["CheckpointCost", "CheckpointInfo", "Checkpointer", "VerifyReport", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'preemptible' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -27,6 +27,7 @@ import torch
 
 from preemptible._version import __version__
 from preemptible.checkpoint import io
+from preemptible.checkpoint.inspect import Leaf, leaves
 from preemptible.checkpoint.manifest import (
     MANIFEST_NAME,
     TMP_PREFIX,
@@ -366,14 +367,7 @@ class Checkpointer:
 
     def _load_with_fallback(self, step: int | None, map_location: Any) -> tuple[int, Any] | None:
         if step is not None:
-            _check_step(step)
-            dirname = step_dirname(step)
-            manifest = self._manifest_or_reason(dirname)
-            if not isinstance(manifest, Manifest):
-                raise CheckpointNotFoundError(
-                    f"no committed checkpoint for step {step} under {self.url} ({manifest}); "
-                    f"committed steps: {[i.step for i in self.list()] or 'none'}"
-                )
+            dirname, manifest = self._committed_or_raise(step)
             return step, self._load_manifest(dirname, manifest, map_location)
         for dirname, manifest in reversed(self._scan()[0]):
             try:
@@ -412,6 +406,35 @@ class Checkpointer:
             raise
         except OSError as e:
             raise StorageError(f"reading {self._storage.describe(dirname)} failed: {e!r}") from e
+
+    def inspect(self, step: int | None = None) -> tuple[CheckpointInfo, list[Leaf]]:
+        """Keys, dtypes, shapes and sizes of a checkpoint (default: the newest), from its index.
+
+        Raises:
+            CheckpointNotFoundError: there is no such (or no) committed checkpoint.
+        """
+        dirname, manifest = self._committed_or_raise(step)
+        tree, entries = io.read_index(self._storage, dirname, manifest)
+        return self._info(dirname, manifest), leaves(tree, entries)
+
+    def _committed_or_raise(self, step: int | None) -> tuple[str, Manifest]:
+        if step is None:
+            latest = self.latest()
+            if latest is None:
+                raise CheckpointNotFoundError(
+                    f"no committed checkpoint under {self.url}; save one first or check the path"
+                )
+            step = latest.step
+        _check_step(step)
+        dirname = step_dirname(step)
+        manifest = self._manifest_or_reason(dirname)
+        if not isinstance(manifest, Manifest):
+            committed = [i.step for i in self.list()] or "none"
+            raise CheckpointNotFoundError(
+                f"no committed checkpoint for step {step} under {self.url} ({manifest}); "
+                f"committed steps: {committed}"
+            )
+        return dirname, manifest
 
     # --- verification --------------------------------------------------------------------
 
