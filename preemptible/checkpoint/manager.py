@@ -373,9 +373,11 @@ class Checkpointer:
             try:
                 return manifest.step, self._load_manifest(dirname, manifest, map_location)
             except (CheckpointCorruptedError, CheckpointFormatError) as e:
-                message = f"skipping checkpoint step {manifest.step}: {e}"
-                log.warning(message)
-                warnings.warn(message, PreemptibleWarning, stacklevel=3)
+                warnings.warn(
+                    f"skipping checkpoint step {manifest.step}: {e}",
+                    PreemptibleWarning,
+                    stacklevel=3,
+                )
         return None
 
     def _load_manifest(self, dirname: str, manifest: Manifest, map_location: Any) -> Any:
