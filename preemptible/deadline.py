@@ -1,0 +1,219 @@
+"""How long a job has between its preemption notice and the kill: discovering the grace period.
+
+A notice is only useful with a deadline: the training loop must know whether there is time for
+one more step and a synchronous save. No scheduler hands that number to the job in a standard way,
+so :func:`discover_grace` looks in order at:
+
+1. ``PREEMPTIBLE_GRACE_SECONDS``, set by the queue manager (the negotiated grace) or by the user.
+   It wins because it is the only value that is exactly right by construction.
+2. SLURM, when ``SLURM_JOB_ID`` is set. SLURM puts neither the partition's preemption
+   ``GraceTime`` nor the job's ``--signal=...@N`` lead time in the environment, so we ask
+   ``scontrol`` (once, with a short timeout) for the partition's GraceTime and the job's EndTime,
+   and read the lead time from ``PREEMPTIBLE_SLURM_SIGNAL_SECONDS`` (the user mirrors their
+   ``--signal``) or ``SBATCH_SIGNAL`` (which sbatch honours and the job can see). We do not know
+   which of the two events a notice announces, so the shorter of the two is used: an early
+   deadline costs a little work, a late one costs the checkpoint. The job's EndTime bounds every
+   deadline (``Grace.not_after``). A missing or failing ``scontrol`` means "unknown", never a crash.
+3. Kubernetes: ``PREEMPTIBLE_POD_GRACE_SECONDS``. Kubernetes does not tell a container its
+   ``terminationGracePeriodSeconds``, so the pod spec sets this variable to the same number.
+4. Otherwise unknown (``None``): callers must treat that as "save as soon as possible".
+
+The parsers of ``scontrol -o`` output are pure functions so that they are tested on real output.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from preemptible.errors import ConfigError
+
+GRACE_ENV = "PREEMPTIBLE_GRACE_SECONDS"
+"""Grace period in seconds, set by the queue manager or the user; beats every other source."""
+
+SLURM_SIGNAL_ENV = "PREEMPTIBLE_SLURM_SIGNAL_SECONDS"
+"""Mirror of ``sbatch --signal=...@N``: a number of seconds, or the ``--signal`` value itself."""
+
+POD_GRACE_ENV = "PREEMPTIBLE_POD_GRACE_SECONDS"
+"""Set by the pod spec to its ``terminationGracePeriodSeconds`` (Kubernetes does not expose it)."""
+
+SCONTROL_TIMEOUT_SECS = 3.0
+"""A slow slurmctld must not delay the start of training by more than this."""
+
+SLURM_DEFAULT_SIGNAL_SECS = 60.0
+"""``--signal=USR1`` without ``@N`` means 60 seconds before the end (sbatch man page)."""
+
+_KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][\w:/]*)=")
+_SIGNAL_SPEC = re.compile(r"^(?:[RB]{1,2}:)?(?P<sig>[A-Za-z0-9]+)(?:@(?P<secs>\d+))?$")
+
+# (argv, timeout) -> stdout, or None when the command is missing, fails or times out.
+Runner = Callable[[list[str], float], str | None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grace:
+    """The grace period a notice gives, and where that number came from."""
+
+    seconds: float | None
+    """Seconds from a notice to the kill; None when unknown."""
+    source: str
+    """One of "argument", "PREEMPTIBLE_GRACE_SECONDS", "slurm", "kubernetes", "unknown"."""
+    not_after: float | None = None
+    """Wall-clock time (epoch seconds) no deadline can pass: the SLURM job's EndTime."""
+
+
+def discover_grace(env: Mapping[str, str], *, runner: Runner | None = None) -> Grace:
+    """Find the grace period of this job, from the most to the least authoritative source.
+
+    Args:
+        env: The environment to read (usually ``os.environ``).
+        runner: Runs ``scontrol``; injected by tests. Defaults to a subprocess with a timeout.
+
+    Returns:
+        The grace period and its source; ``Grace(seconds=None, source="unknown")`` if none.
+
+    Raises:
+        ConfigError: A ``PREEMPTIBLE_*`` variable is set to something that is not a duration.
+    """
+    explicit = _seconds_var(env, GRACE_ENV)
+    if explicit is not None:
+        return Grace(seconds=explicit, source=GRACE_ENV)
+    if env.get("SLURM_JOB_ID"):
+        grace = _slurm_grace(env, runner or _run)
+        if grace.seconds is not None or grace.not_after is not None:
+            return grace
+    pod = _seconds_var(env, POD_GRACE_ENV)
+    if pod is not None:
+        return Grace(seconds=pod, source="kubernetes")
+    return Grace(seconds=None, source="unknown")
+
+
+def parse_scontrol_record(text: str) -> dict[str, str]:
+    """Parse one ``scontrol show ... -o`` record (``Key=Value`` pairs on one line) into a dict.
+
+    Values may hold ``=`` (``TRES=cpu=4,node=1``) and spaces (``Comment=two words``); a key starts
+    after whitespace and is made of letters, digits, ``_``, ``:`` and ``/`` (``AllocNode:Sid``,
+    ``CPUs/Task``). Only the first line is read.
+    """
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    matches = list(_KEY.finditer(line))
+    record: dict[str, str] = {}
+    for match, following in zip(matches, [*matches[1:], None], strict=True):
+        end = following.start() if following is not None else len(line)
+        record.setdefault(match.group(1), line[match.end() : end].strip())
+    return record
+
+
+def parse_grace_time(partition_text: str) -> float | None:
+    """GraceTime (seconds) from ``scontrol show partition -o NAME``; None when absent or zero.
+
+    Zero means "no grace": the job is signalled and killed KillWait later, which we do not read.
+    """
+    value = parse_scontrol_record(partition_text).get("GraceTime")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds > 0 else None
+
+
+def parse_end_time(job_text: str) -> float | None:
+    """The job's EndTime from ``scontrol show job -o ID`` as epoch seconds; None if unknown.
+
+    SLURM prints local time without a zone (``2026-11-29T10:15:00``), or ``Unknown``/``None``
+    for jobs without a time limit.
+    """
+    value = parse_scontrol_record(job_text).get("EndTime", "")
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def parse_signal_spec(spec: str) -> float | None:
+    """Lead time in seconds of a ``--signal`` value such as ``B:USR1@120``; None if unparsable."""
+    match = _SIGNAL_SPEC.match(spec.strip())
+    if match is None or not _is_signal_name(match.group("sig")):
+        return None
+    secs = match.group("secs")
+    return float(secs) if secs is not None else SLURM_DEFAULT_SIGNAL_SECS
+
+
+def _is_signal_name(name: str) -> bool:
+    if name.isdigit():
+        return 0 < int(name) < signal.NSIG
+    upper = name.upper()
+    return hasattr(signal, upper if upper.startswith("SIG") else f"SIG{upper}")
+
+
+def _slurm_grace(env: Mapping[str, str], runner: Runner) -> Grace:
+    candidates: list[float] = []
+    lead = _slurm_signal_seconds(env)
+    if lead is not None:
+        candidates.append(lead)
+    job_id = env["SLURM_JOB_ID"]
+    job_text = runner(["scontrol", "show", "job", "-o", job_id], SCONTROL_TIMEOUT_SECS)
+    job = parse_scontrol_record(job_text) if job_text else {}
+    end_at = parse_end_time(job_text) if job_text else None
+    partition = env.get("SLURM_JOB_PARTITION") or job.get("Partition")
+    if partition:
+        argv = ["scontrol", "show", "partition", "-o", partition]
+        part_text = runner(argv, SCONTROL_TIMEOUT_SECS)
+        grace_time = parse_grace_time(part_text) if part_text else None
+        if grace_time is not None:
+            candidates.append(grace_time)
+    seconds = min(candidates) if candidates else None
+    return Grace(seconds=seconds, source="slurm", not_after=end_at)
+
+
+def _slurm_signal_seconds(env: Mapping[str, str]) -> float | None:
+    raw = env.get(SLURM_SIGNAL_ENV)
+    if raw is not None and raw.strip():
+        try:
+            value = float(raw)
+        except ValueError:
+            lead = parse_signal_spec(raw)
+            if lead is None:
+                raise ConfigError(
+                    f"{SLURM_SIGNAL_ENV}={raw!r} is neither a number of seconds nor a --signal "
+                    "value such as 'B:USR1@120'"
+                ) from None
+            return lead
+        return _finite_non_negative(value, SLURM_SIGNAL_ENV, raw)
+    sbatch = env.get("SBATCH_SIGNAL")
+    return parse_signal_spec(sbatch) if sbatch else None
+
+
+def _seconds_var(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds (e.g. {name}=120)") from None
+    return _finite_non_negative(value, name, raw)
+
+
+def _finite_non_negative(value: float, name: str, raw: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name}={raw!r} must be a finite number of seconds >= 0")
+    return value
+
+
+def _run(argv: list[str], timeout: float) -> str | None:
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
