@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -68,3 +69,17 @@ def root(request: pytest.FixtureRequest, tmp_path) -> Root:
         return Root("memory", f"memory://preemptible-tests/{uuid.uuid4().hex}")
     server = request.getfixturevalue(f"{backend.removeprefix('s3-')}_server")
     return s3_root(server)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 4 MiB tmpfs: ENOSPC from the kernel, not from a wrapper."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    probe = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {probe.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -61,9 +61,18 @@ def write_state(
     *,
     shard_bytes: int,
     max_workers: int,
+    devices: list[str] | None = None,
 ) -> WrittenFiles:
-    """Write every array and the state index into ``staging``; returns sizes and checksums."""
+    """Write every array and the state index into ``staging``; returns sizes and checksums.
+
+    ``devices`` overrides where each array is recorded to live (a staged copy of a GPU tensor
+    sits on the CPU but should load back onto the GPU).
+    """
     descriptions = [describe(a) for a in flat.arrays]
+    if devices is not None:
+        descriptions = [
+            (k, d, s, dev, n) for (k, d, s, _, n), dev in zip(descriptions, devices, strict=True)
+        ]
     shards = plan_shards([d[4] for d in descriptions], shard_bytes, max_shards=256)
     entries: list[ArrayEntry | None] = [None] * len(flat.arrays)
 

@@ -11,6 +11,7 @@ in-progress files before then.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -19,14 +20,25 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping, MutableMapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
 from preemptible._version import __version__
 from preemptible.checkpoint import io
+from preemptible.checkpoint.arrays import describe
+from preemptible.checkpoint.async_save import (
+    AsyncMode,
+    SaveHandle,
+    StagingBuffer,
+    all_on_cpu,
+    available_memory_bytes,
+    fork_and_run,
+    fork_supported,
+    state_bytes,
+)
 from preemptible.checkpoint.inspect import Leaf, leaves
 from preemptible.checkpoint.manifest import (
     MANIFEST_NAME,
@@ -37,7 +49,7 @@ from preemptible.checkpoint.manifest import (
     step_dirname,
 )
 from preemptible.checkpoint.retention import steps_to_delete
-from preemptible.checkpoint.serialize import flatten, unflatten
+from preemptible.checkpoint.serialize import Flattened, flatten, unflatten
 from preemptible.checkpoint.stats import CheckpointCost, CostTracker
 from preemptible.checkpoint.storage import CheckpointStorage, CommitMode, Staging, open_storage
 from preemptible.errors import (
@@ -47,6 +59,7 @@ from preemptible.errors import (
     ConfigError,
     PreemptibleError,
     PreemptibleWarning,
+    SaveInProgressError,
     StateMismatchError,
     StorageError,
 )
@@ -108,6 +121,10 @@ class Checkpointer:
         max_workers: concurrent file writes and reads (default 4 locally, 16 elsewhere).
         stale_after_seconds: incomplete saves older than this are garbage-collected. It must be
             longer than any save takes, or a slow concurrent writer could lose its work.
+        async_mode: how ``save(blocking=False)`` captures the state: ``"auto"``, ``"copy"``
+            (reused staging buffer, pinned for GPU state) or ``"fork"`` (copy-on-write child).
+        max_staging_bytes: a background save needing more snapshot memory than this is done
+            synchronously instead (default: half of the memory available at the time).
     """
 
     def __init__(
@@ -121,6 +138,8 @@ class Checkpointer:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         max_workers: int | None = None,
         stale_after_seconds: float = 3600.0,
+        async_mode: AsyncMode | str = AsyncMode.AUTO,
+        max_staging_bytes: int | None = None,
     ):
         if keep is not None and (not isinstance(keep, int) or keep < 1):
             raise ConfigError(f"keep must be a positive integer or None (keep all), got {keep!r}")
@@ -139,6 +158,12 @@ class Checkpointer:
         self.max_workers = max_workers or (4 if local else 16)
         self._writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._cost = CostTracker()
+        self.async_mode = AsyncMode(async_mode)
+        self.max_staging_bytes = max_staging_bytes
+        self._staging = StagingBuffer()
+        self._pool: ThreadPoolExecutor | None = None
+        self._in_flight: SaveHandle | None = None
+        self._failed: tuple[int, BaseException] | None = None
 
     # --- properties ------------------------------------------------------------------------
 
@@ -157,40 +182,205 @@ class Checkpointer:
 
     # --- save --------------------------------------------------------------------------------
 
+    @overload
     def save(
-        self, step: int, state: Any, *, metadata: Mapping[str, Any] | None = None
-    ) -> CheckpointInfo:
-        """Write ``state`` as checkpoint ``step`` and commit it atomically; blocks until durable.
+        self,
+        step: int,
+        state: Any,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        blocking: Literal[True] = True,
+    ) -> CheckpointInfo: ...
+
+    @overload
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        blocking: Literal[False],
+    ) -> SaveHandle: ...
+
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        blocking: bool = True,
+    ) -> CheckpointInfo | SaveHandle:
+        """Write ``state`` as checkpoint ``step`` and commit it atomically.
+
+        ``blocking=True`` returns once the checkpoint is durable. ``blocking=False`` returns a
+        `SaveHandle` as soon as the state is captured (see `async_save`); the loop may then
+        mutate the state freely. At most one save is in flight: a new save first waits for the
+        previous one, whose failure, if any, is raised here (`SaveInProgressError`).
 
         Raises:
             UnsupportedStateError: ``state`` holds a value that cannot be saved without pickle.
             StorageError: writing failed; earlier checkpoints are untouched.
+            SaveInProgressError: the previous background save failed.
         """
         _check_step(step)
         started = time.perf_counter()
+        self.wait()  # backpressure, ordering, and the previous save's error
         flat = flatten(state)  # refuses bad input before anything touches storage
-        info = self._write(step, flat, dict(metadata or {}), started)
+        meta = dict(metadata or {})
+        if blocking:
+            return self._save_now(step, flat, meta, started)
+        return self._save_in_background(step, flat, meta, started)
+
+    def wait(self) -> CheckpointInfo | None:
+        """Wait for the save in flight, if any; returns its info or raises its error.
+
+        Raises:
+            SaveInProgressError: the background save failed (raised once, here or on save()).
+        """
+        handle, self._in_flight = self._in_flight, None
+        if handle is not None:
+            with contextlib.suppress(BaseException):  # recorded in _failed by the task itself
+                handle.wait()
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            step, error = failed
+            raise SaveInProgressError(
+                f"the background save of step {step} failed: {error}. Nothing of it was "
+                "committed; the previous checkpoint is intact. Fix the cause and save again"
+            ) from error
+        return None if handle is None else handle.wait()
+
+    def _save_now(
+        self, step: int, flat: Flattened, metadata: dict[str, Any], started: float
+    ) -> CheckpointInfo:
+        info = self._write(step, flat, metadata, started)
         elapsed = time.perf_counter() - started
+        self._record(step, info, stall=elapsed, started=started)
+        return info
+
+    def _save_in_background(
+        self, step: int, flat: Flattened, metadata: dict[str, Any], started: float
+    ) -> SaveHandle:
+        mode = self._pick_async_mode(flat)
+        need = state_bytes(flat.arrays)
+        cap = self._staging_cap()
+        if need > cap and not (mode is AsyncMode.COPY and self._staging.capacity >= need):
+            log.warning(
+                "background save of step %d needs %.1f MiB of staging memory, over the cap of "
+                "%.1f MiB (max_staging_bytes, default half the available memory); saving "
+                "synchronously instead",
+                step,
+                need / 2**20,
+                cap / 2**20,
+            )
+            info = self._save_now(step, flat, metadata, started)
+            done: Future[CheckpointInfo] = Future()
+            done.set_result(info)
+            return SaveHandle(step, time.perf_counter() - started, "sync", done)
+        if mode is AsyncMode.FORK:
+            forked = fork_and_run(
+                lambda: self._write_and_commit(step, flat, metadata, started)[1].to_bytes()
+            )
+
+            def persist() -> CheckpointInfo:
+                manifest = Manifest.from_bytes(forked.wait())
+                return self._info(step_dirname(step), manifest)
+        else:
+            devices = [describe(a)[3] for a in flat.arrays]
+            staged, ready = self._staging.stage(flat.arrays)
+            snapshot = Flattened(tree=flat.tree, arrays=staged)
+
+            def persist() -> CheckpointInfo:
+                ready()
+                return self._write(step, snapshot, metadata, started, devices=devices)
+
+        stall = time.perf_counter() - started
+        handle = SaveHandle(
+            step,
+            stall,
+            mode.value,
+            self._executor().submit(self._finish, step, persist, stall, started),
+        )
+        self._in_flight = handle
+        return handle
+
+    def _finish(
+        self, step: int, persist: Callable[[], CheckpointInfo], stall: float, started: float
+    ) -> CheckpointInfo:
+        """Runs on the background thread: persist, record, clean up; keep any error for later."""
+        try:
+            info = persist()
+        except BaseException as e:
+            log.error("background save of step %d failed: %s", step, e)
+            self._failed = (step, e)
+            raise
+        self._record(step, info, stall=stall, started=started)
+        return info
+
+    def _record(self, step: int, info: CheckpointInfo, *, stall: float, started: float) -> None:
         self._cost.record_save(
             step=step,
-            stall_seconds=elapsed,
-            persist_seconds=elapsed,
+            stall_seconds=stall,
+            persist_seconds=time.perf_counter() - started,
             nbytes=info.bytes,
             at=time.time(),
         )
         self._maybe_clean_up()
-        return info
+
+    def _pick_async_mode(self, flat: Flattened) -> AsyncMode:
+        mode = self.async_mode
+        fork_ok = (
+            fork_supported()
+            and self._storage.commit_mode is CommitMode.RENAME
+            and all_on_cpu(flat.arrays)
+        )
+        if mode is AsyncMode.FORK and not fork_ok:
+            log.warning(
+                "async_mode='fork' needs CPU state on a local disk under Linux; copying instead"
+            )
+        return AsyncMode.FORK if mode is not AsyncMode.COPY and fork_ok else AsyncMode.COPY
+
+    def _staging_cap(self) -> int:
+        if self.max_staging_bytes is not None:
+            return self.max_staging_bytes
+        available = available_memory_bytes()
+        return available // 2 if available is not None else sys.maxsize
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, "preemptible-save")
+        return self._pool
 
     def _write(
-        self, step: int, flat: Any, metadata: dict[str, Any], started: float
+        self,
+        step: int,
+        flat: Flattened,
+        metadata: dict[str, Any],
+        started: float,
+        devices: list[str] | None = None,
     ) -> CheckpointInfo:
+        return self._info(*self._write_and_commit(step, flat, metadata, started, devices))
+
+    def _write_and_commit(
+        self,
+        step: int,
+        flat: Flattened,
+        metadata: dict[str, Any],
+        started: float,
+        devices: list[str] | None = None,
+    ) -> tuple[str, Manifest]:
         storage = self._storage
         step_dir = step_dirname(step)
         staging = None
         try:
             staging = storage.begin(step_dir, step, uuid.uuid4().hex[:12])
             written = io.write_state(
-                storage, staging, flat, shard_bytes=self.shard_bytes, max_workers=self.max_workers
+                storage,
+                staging,
+                flat,
+                shard_bytes=self.shard_bytes,
+                max_workers=self.max_workers,
+                devices=devices,
             )
             manifest = Manifest(
                 step=step,
@@ -214,7 +404,7 @@ class Checkpointer:
                 "committed and earlier checkpoints are untouched; fix the storage (space, "
                 "permissions, credentials, network) and save again"
             ) from e
-        return self._info(step_dir, manifest)
+        return step_dir, manifest
 
     def _commit(self, staging: Staging, step_dir: str, manifest: Manifest) -> Manifest:
         """Commit, or defer to another writer's earlier commit of the same step."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import random
-import subprocess
 import uuid
 
 import pytest
@@ -49,20 +48,6 @@ def test_a_write_failing_at_any_byte_leaves_the_previous_checkpoint_intact(plan,
     # The storage recovers: the next save works and retention still applies.
     ckpt.save(100, make_state(100, mib=0.5))
     assert [i.step for i in ckpt.list()] == [1, 2, 100]
-
-
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A real 4 MiB tmpfs: ENOSPC from the kernel, not from a wrapper."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    probe = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True
-    )
-    if probe.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {probe.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_full_local_disk_fails_the_save_cleanly_and_keeps_the_last_checkpoint(tiny_disk):
