@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from preemptible.cli.ckpt import app as ckpt_app
+from preemptible.cli.launch import LAUNCH_CONTEXT, launch_command
 from preemptible.cli.sim import app as sim_app
 
 app = typer.Typer(
@@ -16,6 +17,7 @@ app = typer.Typer(
 )
 app.add_typer(ckpt_app, name="ckpt")
 app.add_typer(sim_app, name="sim")
+app.command("launch", context_settings=LAUNCH_CONTEXT)(launch_command)
 
 
 @app.command()
