@@ -13,15 +13,27 @@ from preemptible._version import __version__
 
 if TYPE_CHECKING:
     from preemptible.checkpoint import CheckpointCost, Checkpointer, CheckpointInfo, VerifyReport
+    from preemptible.signals import PreemptionGuard
+    from preemptible.workers import protect_dataloader
 
 _EXPORTS = {
     "CheckpointCost": "preemptible.checkpoint",
     "CheckpointInfo": "preemptible.checkpoint",
     "Checkpointer": "preemptible.checkpoint",
     "VerifyReport": "preemptible.checkpoint",
+    "PreemptionGuard": "preemptible.signals",
+    "protect_dataloader": "preemptible.workers",
 }
 
-__all__ = ["CheckpointCost", "CheckpointInfo", "Checkpointer", "VerifyReport", "__version__"]
+__all__ = [
+    "CheckpointCost",
+    "CheckpointInfo",
+    "Checkpointer",
+    "PreemptionGuard",
+    "VerifyReport",
+    "__version__",
+    "protect_dataloader",
+]
 
 
 def __getattr__(name: str) -> Any:
