@@ -52,8 +52,11 @@ class SimOptions:
     """Period of regular checkpoints, for both modes."""
     default_checkpoint_s: float = 60.0
     """Save (and restore) cost for jobs whose trace row gives none."""
-    cycle_interval_s: float = 0.0
-    """Minimum virtual time between cycles; 0 runs one after every instant with events."""
+    cycle_interval_s: float = 10.0
+    """Minimum virtual time between cycles (0: after every instant with events). Live
+    schedulers batch too (kueue's queue heap, SLURM's sched_min_interval and 30 s backfill)."""
+    preemption_retry_s: float = 120.0
+    """After a victim search finds nothing, the same kind of job waits this long to retry."""
     timeline_bins: int = 240
     """Resolution of the per-queue utilisation timeline (for plots)."""
 
@@ -177,8 +180,8 @@ class Simulator:
                     self._exit(job_id, now, token)
             if not self.state.pending:
                 continue
-            if interval and now - last_cycle < interval:
-                nxt = last_cycle + interval
+            nxt = last_cycle + interval
+            if interval and now < nxt:
                 if not events or events[0][0] > nxt:
                     self._push(nxt, _EXIT, "", -1)  # a tick: wakes the loop for the next cycle
                 continue
@@ -266,6 +269,12 @@ class Simulator:
         self.tracker.advance(now)
         snap = Snapshot(state=self.state, usage=self.tracker.averages())
         result = schedule(snap, now, self.policy, self.config)
+        if result.failed_preemptions:
+            self.state.note_failed_preemptions(
+                result.failed_preemptions, now + self.options.preemption_retry_s
+            )
+        if self.state.nominated:
+            self.state.expire_nominations(now - self.config.preemption.grace_max_s - 60.0)
         for admit in result.admit:
             self._start(admit.job_id, admit.placement, now)
         for pre in result.preempt:

@@ -92,6 +92,7 @@ class _Cycle:
         self.examined = 0
         self.default_reason = "pending: waiting for its turn"
         self.fs_cache: dict[str, float] = {}
+        self.failed: list[tuple[str, int, int]] = []
 
     # --- orchestration ------------------------------------------------------------------------
 
@@ -106,12 +107,15 @@ class _Cycle:
             default_reason=self.default_reason,
             fragmentation=self._fragmentation(),
             examined=self.examined,
+            failed_preemptions=tuple(self.failed),
         )
 
     def _nominated_first(self) -> None:
         st = self.st
         window = self.config.preemption.grace_max_s + 60.0
-        for job_id, at in sorted(st.nominated.items(), key=lambda kv: (kv[1], kv[0])):
+        for job_id, at in list(st.nominated.items()):  # oldest first
+            if self.free[0] <= 0:
+                break  # nothing to admit or hold; later cycles will see the freed capacity
             job = st.pending.get(job_id)
             if job is None or self.now - at > window:
                 continue
@@ -212,7 +216,7 @@ class _Cycle:
             self.reasons[job.id] = self._blocked_reason(job, verdict)
             return "stop"
         if self.policy.backfill and self.reservation is None:
-            self._reserve(job)
+            self._reserve(job, verdict)
             return "skip"
         self.reasons[job.id] = self._blocked_reason(job, verdict)
         return "skip"
@@ -282,20 +286,26 @@ class _Cycle:
             detail += "; no node block fits it (fragmented)"
         return f"{head} ({detail})"
 
-    def _reserve(self, job: Job) -> None:
+    def _reserve(self, job: Job, verdict: QuotaVerdict) -> None:
         res = plan_reservation(
             job, now=self.now, state=self.st, free=self.free, also_running=self.started_ends
         )
         self.reservation = res
         when = "unknown" if res.start_at == INF else f"t={res.start_at:.0f}s"
         reason = (
-            f"pending: first blocked job; capacity reserved from {when}, "
-            "smaller jobs backfill only if they do not delay it"
+            f"{self._blocked_reason(job, verdict)}; first in line, so capacity is reserved "
+            f"from {when} and smaller jobs backfill only if they do not delay it"
         )
         self.reasons[job.id] = reason
         self.reserves.append(Reserve(job_id=job.id, start_at=res.start_at, reason=reason))
 
     def _maybe_preempt(self, job: Job) -> bool:
+        key = (job.queue, job.tier.rank, job.request.gpus)
+        if self.st.preemption_backoff.get(key, -INF) > self.now:
+            return False
+        for queue, rank, gpus in self.failed:  # a smaller job of this kind found nothing
+            if queue == key[0] and rank == key[1] and gpus <= key[2]:
+                return False
         self.plans_left -= 1
         plan = find_victims(
             job,
@@ -310,6 +320,7 @@ class _Cycle:
             budget_used=self.budget_used,
         )
         if plan is None:
+            self.failed.append(key)
             return False
         names = []
         for v in plan.victims:

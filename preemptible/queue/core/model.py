@@ -255,6 +255,8 @@ class CycleResult:
     """Share of free GPUs that no pending job shape can use (0 without nodes)."""
     examined: int
     """How many pending jobs the cycle looked at."""
+    failed_preemptions: tuple[tuple[str, int, int], ...] = ()
+    """(queue, tier rank, gpus) whose victim search found nothing; the shell may back off."""
 
     def reason_for(self, job_id: str) -> str:
         """Why a job is pending (or what happened to it) after this cycle."""

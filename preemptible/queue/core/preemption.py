@@ -24,8 +24,9 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from preemptible.queue.core.config import PreemptionSettings
+from preemptible.queue.core.model import _TIER_RANK as _RANK
 from preemptible.queue.core.model import Job, RunningJob
-from preemptible.queue.core.negotiation import grace_seconds, min_runtime_seconds
+from preemptible.queue.core.negotiation import grace_seconds
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.policy import Policy, VictimOrder
 from preemptible.queue.core.quota import QuotaVerdict, check_quota, is_borrowing
@@ -108,45 +109,52 @@ def find_victims(
     if not can_tier and not any(borrowing.values()):
         return None
 
-    budget: dict[str, int] = {}
     candidates: list[tuple[tuple, RunningJob, float, float, bool]] = []
     newest_first = policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST
-    for rj in state.running.values():
-        vjob = rj.job
-        if rj.terminating or vjob.id in taken:
+    across = policy.tier_preemption_across_queues
+    min_rt, multiple = settings.min_runtime_s, settings.min_runtime_multiple
+    cooldown = settings.cooldown_s
+    for vq, running in state.running_by_queue.items():
+        reclaim_q = can_reclaim and borrowing[vq] and vq != job.queue
+        tier_q = can_tier and (vq == job.queue or (across and borrowing[vq]))
+        if not (reclaim_q or tier_q) or not running:
             continue
-        vq = vjob.queue
-        reclaim = can_reclaim and borrowing[vq] and vq != job.queue
-        tier_ok = False
-        if can_tier and vjob.tier.rank < rank:
-            same = vq == job.queue
-            tier_ok = same or (policy.tier_preemption_across_queues and borrowing[vq])
+        if tier_q and policy.anti_thrashing:
+            tier_q = queue_budget_left(state, vq, now, settings, budget_used.get(vq, 0)) > 0
+            if not (reclaim_q or tier_q):
+                continue
+        for rj in running.values():
+            vjob = rj.job
+            if rj.terminating or vjob.id in taken:
+                continue
+            tier_ok = tier_q and _RANK[vjob.tier] < rank
             if tier_ok and policy.protect_min_runtime:
-                floor = min_runtime_seconds(vjob.save_s, vjob.restore_s, settings)
+                floor = max(min_rt, multiple * (vjob.save_s + vjob.restore_s))
                 tier_ok = now - rj.started_at >= floor
             if tier_ok and policy.anti_thrashing:
                 last = vjob.last_preempted_at
-                if last is not None and now - last < settings.cooldown_s:
-                    tier_ok = False
-                else:
-                    if vq not in budget:
-                        budget[vq] = queue_budget_left(
-                            state, vq, now, settings, budget_used.get(vq, 0)
-                        )
-                    tier_ok = budget[vq] > 0
-        if not (reclaim or tier_ok):
-            continue
-        grace = victim_grace_s(vjob, policy, settings)
-        lost = lost_gpu_seconds(rj, now, grace)
-        if newest_first:
-            key = (vjob.tier.rank, -rj.started_at, vjob.id)
-        else:
-            key = (lost / max(vjob.request.gpus, 1), lost, -rj.started_at, vjob.id)
-        candidates.append((key, rj, lost, grace, not tier_ok))
+                tier_ok = last is None or now - last >= cooldown
+            if not (reclaim_q or tier_ok):
+                continue
+            _add_candidate(candidates, rj, job, now, policy, settings, newest_first, tier_ok)
     if not candidates:
         return None
     candidates.sort(key=lambda c: c[0])
+    return _choose(job, candidates, alloc, free, pool, policy, queue, req, budget_used)
 
+
+def _add_candidate(candidates, rj, job, now, policy, settings, newest_first, tier_ok) -> None:
+    vjob = rj.job
+    grace = victim_grace_s(vjob, policy, settings)
+    lost = lost_gpu_seconds(rj, now, grace)
+    if newest_first:
+        key = (vjob.tier.rank, -rj.started_at, vjob.id)
+    else:
+        key = (lost / max(vjob.request.gpus, 1), lost, -rj.started_at, vjob.id)
+    candidates.append((key, rj, lost, grace, not tier_ok))
+
+
+def _choose(job, candidates, alloc, free, pool, policy, queue, req, budget_used):
     def quota_ok(freed_own: Sequence[float]) -> bool:
         if not policy.quotas:
             return True

@@ -62,6 +62,8 @@ class ClusterState:
         self.pending: dict[str, Job] = {}
         self.groups: dict[GroupKey, PendingGroup] = {}
         self.running: dict[str, RunningJob] = {}
+        self.running_by_queue: dict[str, dict[str, RunningJob]] = {n: {} for n in self.queues}
+        """The same running jobs, per queue (preemption scans only eligible queues)."""
         self.alloc: dict[str, list[float]] = {name: [0, 0.0, 0.0] for name in self.queues}
         """Per queue: GPUs, CPUs, memory held (terminating jobs included)."""
         self.used: list[float] = [0, 0.0, 0.0]
@@ -79,7 +81,9 @@ class ClusterState:
         self.recent_preemptions: dict[str, deque[float]] = {n: deque() for n in self.queues}
         """Per victim queue, times of preemptions (the shell may trim entries older than 1 h)."""
         self.nominated: dict[str, float] = {}
-        """Preemptor job id -> when its victims were told to go."""
+        """Preemptor job id -> when its victims were told to go (oldest first)."""
+        self.preemption_backoff: dict[tuple[str, int, int], float] = {}
+        """(queue, tier rank, gpus) -> no victim search before this time (a recent one failed)."""
 
     # --- pending ------------------------------------------------------------------------------
 
@@ -111,6 +115,7 @@ class ClusterState:
         """Record that a job holds resources from now on."""
         job = running.job
         self.running[job.id] = running
+        self.running_by_queue[job.queue][job.id] = running
         r = job.request
         a = self.alloc[job.queue]
         a[0] += r.gpus
@@ -133,13 +138,15 @@ class ClusterState:
         running = self.running[job_id]
         if running.terminating:
             return
-        self.running[job_id] = RunningJob(
+        updated = RunningJob(
             job=running.job,
             started_at=running.started_at,
             placement=running.placement,
             last_checkpoint_at=running.last_checkpoint_at,
             terminating=True,
         )
+        self.running[job_id] = updated
+        self.running_by_queue[running.job.queue][job_id] = updated
         self.tier_gpus[running.job.tier.rank] -= running.job.request.gpus
         self._move_end(job_id, expected_end)
 
@@ -147,6 +154,7 @@ class ClusterState:
         """Release a running job's resources (completed, preempted or failed)."""
         running = self.running.pop(job_id)
         job = running.job
+        del self.running_by_queue[job.queue][job_id]
         r = job.request
         a = self.alloc[job.queue]
         a[0] -= r.gpus
@@ -179,7 +187,22 @@ class ClusterState:
         log.append(at)
         while log and log[0] < at - 3600.0:
             log.popleft()
+        self.nominated.pop(preemptor, None)
         self.nominated[preemptor] = at
+
+    def expire_nominations(self, before: float) -> None:
+        """Forget nominations made before `before` (their victims have long exited)."""
+        nominated = self.nominated
+        while nominated:
+            job_id, at = next(iter(nominated.items()))
+            if at >= before:
+                break
+            del nominated[job_id]
+
+    def note_failed_preemptions(self, keys, until: float) -> None:
+        """Back off victim searches for these (queue, tier rank, gpus) keys until `until`."""
+        for key in keys:
+            self.preemption_backoff[key] = until
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,0 +1,128 @@
+import pytest
+
+from preemptible.errors import ConfigError
+from preemptible.queue.core import parse_config_text, parse_duration
+
+GOOD = """
+[cluster]
+gpus = 16
+nodes = 2
+gpus_per_node = 8
+[policy]
+fair_share_half_life = "7d"
+aging = "1h"
+backfill = false
+[preemption]
+grace_safety = 2.0
+grace_margin = "5s"
+grace_min = "20s"
+grace_max = "5m"
+min_runtime = "10m"
+min_runtime_multiple = 4
+cooldown = "15m"
+queue_budget_per_hour = 3
+[[queues]]
+name = "team-a"
+weight = 2.0
+nominal = { gpus = 8 }
+borrowing_limit = { gpus = 4 }
+token = "env:TEAM_A_TOKEN"
+[[queues]]
+name = "team-b"
+nominal = { gpus = 8, cpus = 16 }
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30s", 30),
+        ("5m", 300),
+        ("2h", 7200),
+        ("7d", 604800),
+        ("1w", 604800),
+        ("250ms", 0.25),
+        (45, 45),
+        ("1.5h", 5400),
+    ],
+    ids=lambda v: str(v),
+)
+def test_durations_parse_to_seconds(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5 minutes", "-3s", "abc", True])
+def test_bad_durations_are_rejected(text):
+    with pytest.raises(ConfigError):
+        parse_duration(text)
+
+
+def test_full_config_parses_every_key():
+    cfg = parse_config_text(GOOD)
+    assert cfg.cluster.gpus == 16 and cfg.cluster.nodes == 2 and cfg.cluster.gpus_per_node == 8
+    assert cfg.policy.fair_share_half_life_s == 7 * 86400
+    assert cfg.policy.aging_s == 3600 and cfg.policy.backfill is False
+    p = cfg.preemption
+    assert (p.grace_safety, p.grace_margin_s, p.grace_min_s, p.grace_max_s) == (2.0, 5, 20, 300)
+    assert (p.min_runtime_s, p.min_runtime_multiple, p.cooldown_s) == (600, 4, 900)
+    assert p.queue_budget_per_hour == 3
+    a = cfg.queue("team-a")
+    assert a.weight == 2.0 and a.nominal.gpus == 8 and a.borrowing_limit.gpus == 4
+    assert cfg.tokens == {"team-a": "env:TEAM_A_TOKEN"}
+    b = cfg.queue("team-b")
+    assert b.nominal.cpus == 16 and b.borrowing_limit.gpus == float("inf")
+
+
+def test_auto_gpus_is_left_to_the_shell():
+    cfg = parse_config_text('[cluster]\ngpus = "auto"\n')
+    assert cfg.gpus_auto and cfg.cluster.gpus == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[cluster]\ngpus = 8\n[policy]\nagin = '1h'\n", "unknown key 'agin'"),
+        ("[cluster]\ngpus = 8\n[policy]\naging = 'soon'\n", "policy.aging"),
+        ("[policy]\naging = '1h'\n", "[cluster] is missing"),
+        ("[cluster]\ngpus = 8\nnodes = 3\ngpus_per_node = 8\n", "make them agree"),
+        (
+            "[cluster]\ngpus = 8\n[[queues]]\nname='a'\nnominal={gpus=6}\n[[queues]]\nname='b'\n"
+            "nominal={gpus=6}\n",
+            "nominal quotas add up to 12",
+        ),
+        ("[cluster]\ngpus = 8\n[[queues]]\nname='a'\n[[queues]]\nname='a'\n", "used twice"),
+        ("[cluster]\ngpus = 8\n[[queues]]\nname='a'\nweight=0\n", "greater than 0"),
+        ("[cluster]\ngpus = 8\n[preemption]\ngrace_min='5m'\ngrace_max='1m'\n", "swap them"),
+        ("[cluster]\ngpus = 8\n[[queues]]\nname='a'\nnominal={gpu=2}\n", "unknown key 'gpu'"),
+        ("[cluster\ngpus = 8\n", "not valid TOML"),
+    ],
+    ids=[
+        "typo",
+        "bad-duration",
+        "no-cluster",
+        "nodes-mismatch",
+        "overcommitted",
+        "duplicate",
+        "zero-weight",
+        "grace-swapped",
+        "resource-typo",
+        "toml-syntax",
+    ],
+)
+def test_invalid_configs_name_the_problem(text, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        parse_config_text(text)
+
+
+def test_unknown_queue_lookup_lists_known_queues():
+    cfg = parse_config_text(GOOD)
+    with pytest.raises(ConfigError, match="team-a, team-b"):
+        cfg.queue("team-z")
+
+
+def test_example_config_parses():
+    from pathlib import Path
+
+    text = (Path(__file__).parents[3] / "examples" / "queue.toml").read_text()
+    cfg = parse_config_text(text)
+    assert len(cfg.queues) >= 2

@@ -1,0 +1,315 @@
+"""One test (or table) per rule of the cycle."""
+
+import copy
+
+import pytest
+
+from preemptible.queue.core import POLICIES, schedule
+
+from .factories import config, job, running, snapshot
+
+OURS = POLICIES["preemptible"]
+INF = float("inf")
+
+
+def admitted(result):
+    return [a.job_id for a in result.admit]
+
+
+def preempted(result):
+    return [p.job_id for p in result.preempt]
+
+
+def state_digest(snap):
+    st = snap.state
+    return copy.deepcopy(
+        (
+            dict(st.pending),
+            {k: list(g.keys) for k, g in st.groups.items()},
+            dict(st.running),
+            {k: list(v) for k, v in st.alloc.items()},
+            list(st.used),
+            list(st.tier_gpus),
+            list(st.pool.free) if st.pool else None,
+            list(st.ends),
+            dict(st.nominated),
+            dict(snap.usage),
+        )
+    )
+
+
+def test_admits_within_nominal_quota_with_a_reason():
+    cfg = config()
+    r = schedule(snapshot(cfg, pending=[job("j1", gpus=2)]), 0.0, OURS, cfg)
+    assert admitted(r) == ["j1"]
+    assert r.reason_for("j1") == "admitted: within a's nominal quota"
+    assert not r.admit[0].borrowing
+
+
+def test_borrows_idle_capacity_beyond_nominal():
+    cfg = config()
+    r = schedule(snapshot(cfg, pending=[job("j1", gpus=6)]), 0.0, OURS, cfg)
+    assert admitted(r) == ["j1"] and r.admit[0].borrowing
+    assert "borrows idle capacity" in r.reason_for("j1")
+
+
+def test_over_quota_and_no_idle_capacity_says_so():
+    cfg = config()
+    busy = [running(job("b1", queue="b", gpus=4), started=0.0)]
+    mine = [running(job("a1", gpus=4), started=0.0)]
+    r = schedule(
+        snapshot(cfg, pending=[job("a2", gpus=1, at=5)], running_jobs=busy + mine), 10.0, OURS, cfg
+    )
+    assert admitted(r) == []
+    assert r.reason_for("a2").startswith("pending: a over quota and no idle capacity to borrow")
+
+
+def test_borrowing_limit_blocks_with_a_reason():
+    cfg = config(queues={"a": (1.0, 2, 2), "b": (1.0, 2, INF)})
+    r = schedule(snapshot(cfg, pending=[job("a1", gpus=5)]), 0.0, OURS, cfg)
+    assert admitted(r) == []
+    assert "would exceed its quota (2 GPUs nominal + 2 borrowable)" in r.reason_for("a1")
+
+
+@pytest.mark.parametrize("policy", list(POLICIES), ids=str)
+def test_gang_jobs_are_all_or_nothing(policy):
+    cfg = config(gpus=8)
+    r = schedule(
+        snapshot(cfg, pending=[job("big", gpus=4)], running_jobs=[running(job("x", gpus=5))]),
+        10.0,
+        POLICIES[policy],
+        cfg,
+    )
+    assert "big" not in admitted(r)
+
+
+@pytest.mark.parametrize(
+    ("pending", "first"),
+    [
+        ([job("n", tier="normal", at=0), job("h", tier="high", at=5)], "h"),
+        ([job("l", tier="low", at=0), job("c", tier="critical", at=5)], "c"),
+        ([job("x", at=0), job("w", at=0)], "w"),  # tie: submit time equal -> job id
+    ],
+    ids=["high-before-normal", "critical-before-low", "tie-by-id"],
+)
+def test_order_by_tier_then_stable_tie_break(pending, first):
+    cfg = config(gpus=1, queues={"a": (1.0, 1, INF)})
+    r = schedule(snapshot(cfg, pending=pending), 10.0, OURS, cfg)
+    assert admitted(r) == [first]
+
+
+def test_queue_with_less_decayed_usage_goes_first():
+    cfg = config(gpus=1, queues={"a": (1.0, 0, INF), "b": (1.0, 0, INF)})
+    pending = [job("a1", queue="a", at=0), job("b1", queue="b", at=1)]
+    r = schedule(snapshot(cfg, pending=pending, usage={"a": 0.6, "b": 0.1}), 2.0, OURS, cfg)
+    assert admitted(r) == ["b1"]
+
+
+def test_weight_divides_usage():
+    cfg = config(gpus=1, queues={"a": (4.0, 0, INF), "b": (1.0, 0, INF)})
+    pending = [job("a1", queue="a", at=1), job("b1", queue="b", at=0)]
+    r = schedule(snapshot(cfg, pending=pending, usage={"a": 0.4, "b": 0.2}), 2.0, OURS, cfg)
+    assert admitted(r) == ["a1"]  # a: 0.4/0.8 = 0.5 units; b: 0.2/0.2 = 1 unit
+
+
+def test_aging_overtakes_fair_share_but_never_a_tier():
+    cfg = config(gpus=1, queues={"a": (1.0, 0, INF), "b": (1.0, 0, INF)}, policy={"aging": "1h"})
+    usage = {"a": 0.5, "b": 0.0}  # a is one fair-share unit ahead of b
+    old = job("a-old", queue="a", at=0.0)
+    new = job("b-new", queue="b", at=7000.0)
+    r = schedule(snapshot(cfg, pending=[old, new], usage=usage), 7200.0, OURS, cfg)
+    assert admitted(r) == ["a-old"]  # waited 2 h = 2 units > 1 unit of extra usage
+    low_old = job("a-old", queue="a", at=0.0, tier="low")
+    r = schedule(snapshot(cfg, pending=[low_old, new], usage=usage), 1e6, OURS, cfg)
+    assert admitted(r) == ["b-new"]
+
+
+def test_fifo_head_blocks_everyone_but_kueue_skips_it():
+    cfg = config(gpus=4, queues={"a": (1.0, 4, INF)})
+    pending = [job("big", gpus=4, at=0), job("small", gpus=1, at=1)]
+    busy = [running(job("x", gpus=2))]
+    fifo = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 5, POLICIES["fifo"], cfg)
+    assert admitted(fifo) == []
+    assert "behind the blocked head job big" in fifo.reason_for("small")
+    kueue = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 5, POLICIES["kueue"], cfg)
+    assert admitted(kueue) == ["small"]
+
+
+def test_backfill_admits_only_jobs_that_do_not_delay_the_reservation():
+    cfg = config(gpus=4, queues={"a": (1.0, 4, INF)})
+    busy = [running(job("x", gpus=2, estimate=3600.0, restore=0.0), started=0.0)]
+    pending = [
+        job("head", gpus=4, at=0, tier="high"),
+        job("short", gpus=1, at=1, estimate=600.0, restore=0.0),
+        job("long", gpus=1, at=2, estimate=7200.0, restore=0.0),
+    ]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, OURS, cfg)
+    assert admitted(r) == ["short"]
+    assert r.reserve[0].job_id == "head" and r.reserve[0].start_at == pytest.approx(3600.0)
+    assert r.admit[0].backfill
+    assert "would delay the reservation of head" in r.reason_for("long")
+
+
+def test_without_backfill_setting_no_reservation_is_made():
+    cfg = config(gpus=4, queues={"a": (1.0, 4, INF)}, policy={"backfill": False})
+    assert cfg.policy.backfill is False  # the policy switch is what turns it off in the cycle
+
+
+def test_lower_tier_victim_with_least_lost_work_is_preempted():
+    cfg = config(gpus=2, queues={"a": (1.0, 2, INF)})
+    fresh_ckpt = running(job("v-fresh", tier="low", aware=False), started=0.0, ckpt=3500.0)
+    stale_ckpt = running(job("v-stale", tier="low", aware=False), started=0.0, ckpt=1000.0)
+    r = schedule(
+        snapshot(
+            cfg, pending=[job("h", tier="high", at=3590)], running_jobs=[stale_ckpt, fresh_ckpt]
+        ),
+        3600.0,
+        OURS,
+        cfg,
+    )
+    assert preempted(r) == ["v-fresh"]
+    p = r.preempt[0]
+    assert p.for_job == "h" and not p.reclaim
+    assert p.lost_gpu_s == pytest.approx(100.0 + 10.0)  # since checkpoint + restore
+    assert "tier low yields to high job h" in p.reason
+    assert "preempting v-fresh" in r.reason_for("h")
+
+
+def test_checkpoint_on_notice_victims_lose_only_save_and_restore():
+    cfg = config(gpus=1, queues={"a": (1.0, 1, INF)})
+    victim = running(job("v", tier="low", aware=True, save=20.0, restore=15.0), started=0.0)
+    r = schedule(
+        snapshot(cfg, pending=[job("h", tier="high")], running_jobs=[victim]), 4000.0, OURS, cfg
+    )
+    assert r.preempt[0].lost_gpu_s == pytest.approx(35.0)
+    assert r.preempt[0].grace_s == pytest.approx(40.0)  # 1.5 * 20 + 10
+
+
+def test_no_tier_preemption_before_minimum_runtime():
+    cfg = config(gpus=1, queues={"a": (1.0, 1, INF)})
+    victim = running(job("v", tier="low", save=30.0, restore=30.0), started=0.0)  # floor 600 s
+    r = schedule(
+        snapshot(cfg, pending=[job("h", tier="high")], running_jobs=[victim]), 599.0, OURS, cfg
+    )
+    assert preempted(r) == []
+    r = schedule(
+        snapshot(cfg, pending=[job("h", tier="high")], running_jobs=[victim]), 600.0, OURS, cfg
+    )
+    assert preempted(r) == ["v"]
+
+
+def test_equal_tier_is_never_preempted_without_reclaim():
+    cfg = config(gpus=1, queues={"a": (1.0, 1, INF)})
+    victim = running(job("v", tier="high"), started=0.0)
+    r = schedule(
+        snapshot(cfg, pending=[job("h", tier="high")], running_jobs=[victim]), 1e5, OURS, cfg
+    )
+    assert preempted(r) == []
+
+
+def test_reclaim_takes_back_borrowed_capacity_regardless_of_tier_and_runtime():
+    cfg = config(gpus=4, queues={"a": (1.0, 2, INF), "b": (1.0, 2, INF)})
+    borrowers = [running(job(f"a{i}", queue="a", tier="critical"), started=99.0) for i in range(4)]
+    r = schedule(
+        snapshot(cfg, pending=[job("b1", queue="b", tier="low", at=99)], running_jobs=borrowers),
+        100.0,
+        OURS,
+        cfg,
+    )
+    assert len(r.preempt) == 1 and r.preempt[0].reclaim
+    assert "b reclaims capacity a borrowed" in r.preempt[0].reason
+
+
+def test_reclaim_never_touches_work_within_nominal():
+    cfg = config(gpus=4, queues={"a": (1.0, 2, INF), "b": (1.0, 2, INF)})
+    own = [running(job(f"a{i}", queue="a", tier="low"), started=0.0) for i in range(2)]
+    theirs = [running(job(f"b{i}", queue="b", tier="low"), started=0.0) for i in range(2)]
+    r = schedule(
+        snapshot(cfg, pending=[job("b9", queue="b", tier="normal")], running_jobs=own + theirs),
+        1e5,
+        OURS,
+        cfg,
+    )
+    # b is at nominal: it may preempt its own lower tier, never a's guaranteed share
+    assert preempted(r) in (["b0"], ["b1"])
+
+
+def test_recently_preempted_job_is_not_preempted_again_within_cooldown():
+    cfg = config(gpus=1, queues={"a": (1.0, 1, INF)}, preemption={"cooldown": "30m"})
+    victim = running(job("v", tier="low", preempted_at=9000.0), started=0.0)
+    r = schedule(
+        snapshot(cfg, pending=[job("h", tier="high")], running_jobs=[victim]), 10000.0, OURS, cfg
+    )
+    assert preempted(r) == []
+    r = schedule(
+        snapshot(cfg, pending=[job("h", tier="high")], running_jobs=[victim]), 10801.0, OURS, cfg
+    )
+    assert preempted(r) == ["v"]
+
+
+def test_queue_budget_caps_preemptions_per_hour():
+    cfg = config(gpus=2, queues={"a": (1.0, 2, INF)}, preemption={"queue_budget_per_hour": 1})
+    victims = [running(job(f"v{i}", tier="low"), started=0.0) for i in range(2)]
+    pending = [job("h1", tier="high", at=0), job("h2", tier="high", at=1)]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=victims), 5000.0, OURS, cfg)
+    assert len(r.preempt) == 1
+    r = schedule(
+        snapshot(cfg, pending=pending, running_jobs=victims, recent_preemptions={"a": [4000.0]}),
+        5000.0,
+        OURS,
+        cfg,
+    )
+    assert r.preempt == ()
+
+
+def test_nominated_job_gets_freed_capacity_before_others():
+    cfg = config(gpus=2, queues={"a": (1.0, 2, INF)})
+    pending = [job("early", at=0.0, tier="high"), job("nominee", gpus=2, at=50.0)]
+    r = schedule(snapshot(cfg, pending=pending, nominated={"nominee": 90.0}), 100.0, OURS, cfg)
+    assert admitted(r) == ["nominee"]
+    assert r.reason_for("nominee") == "admitted: capacity freed by preemption"
+
+
+def test_baselines_use_a_fixed_grace_and_newest_victim():
+    cfg = config(gpus=1, queues={"a": (1.0, 1, INF)})
+    old = running(job("old", tier="low", save=300.0), started=0.0)
+    r = schedule(
+        snapshot(cfg, pending=[job("h", tier="high")], running_jobs=[old]),
+        10.0,
+        POLICIES["kueue"],
+        cfg,
+    )
+    assert preempted(r) == ["old"] and r.preempt[0].grace_s == 30.0  # no min runtime in kueue
+    assert (
+        schedule(
+            snapshot(cfg, pending=[job("h", tier="high")], running_jobs=[old]),
+            10.0,
+            POLICIES["slurm"],
+            cfg,
+        ).preempt
+        == ()
+    )
+
+
+def test_node_placement_and_fragmentation_are_reported():
+    cfg = config(gpus=16, nodes=2, queues={"a": (1.0, 16, INF)})
+    busy = [running(job("x", gpus=4)), running(job("y", gpus=4))]
+    r = schedule(snapshot(cfg, pending=[job("g", gpus=8)], running_jobs=busy), 1.0, OURS, cfg)
+    # x and y were placed best-fit on the same node, so the other node is whole for g
+    assert admitted(r) == ["g"] and r.admit[0].placement == ((1, 8),)
+    cfg = config(gpus=24, nodes=3, queues={"a": (1.0, 24, INF)})
+    busy = [running(job("x", gpus=4)), running(job("y", gpus=5)), running(job("z", gpus=6))]
+    r = schedule(snapshot(cfg, pending=[job("g", gpus=8)], running_jobs=busy), 1.0, OURS, cfg)
+    assert admitted(r) == [] and r.fragmentation == pytest.approx(1.0)
+    assert "fragmented" in r.reason_for("g")
+
+
+@pytest.mark.parametrize("policy", list(POLICIES), ids=str)
+def test_the_cycle_does_not_change_its_snapshot(policy):
+    cfg = config(gpus=16, nodes=2)
+    busy = [running(job(f"r{i}", queue="ab"[i % 2], tier="low"), started=0.0) for i in range(12)]
+    pending = [job(f"p{i}", queue="ab"[i % 2], gpus=1 + i % 4, tier="high", at=i) for i in range(9)]
+    snap = snapshot(cfg, pending=pending, running_jobs=busy, usage={"a": 0.3, "b": 0.1})
+    before = state_digest(snap)
+    schedule(snap, 5000.0, POLICIES[policy], cfg)
+    assert state_digest(snap) == before
