@@ -82,13 +82,13 @@ def discover_grace(env: Mapping[str, str], *, runner: Runner | None = None) -> G
         ConfigError: A ``PREEMPTIBLE_*`` variable is set to something that is not a duration.
     """
     explicit = _seconds_var(env, GRACE_ENV)
+    pod = _seconds_var(env, POD_GRACE_ENV)  # validated even when unused: a typo fails early
     if explicit is not None:
         return Grace(seconds=explicit, source=GRACE_ENV)
     if env.get("SLURM_JOB_ID"):
         grace = _slurm_grace(env, runner or _run)
         if grace.seconds is not None or grace.not_after is not None:
             return grace
-    pod = _seconds_var(env, POD_GRACE_ENV)
     if pod is not None:
         return Grace(seconds=pod, source="kubernetes")
     return Grace(seconds=None, source="unknown")
@@ -104,7 +104,8 @@ def parse_scontrol_record(text: str) -> dict[str, str]:
     line = text.strip().splitlines()[0] if text.strip() else ""
     matches = list(_KEY.finditer(line))
     record: dict[str, str] = {}
-    for match, following in zip(matches, [*matches[1:], None], strict=True):
+    for index, match in enumerate(matches):
+        following = matches[index + 1] if index + 1 < len(matches) else None
         end = following.start() if following is not None else len(line)
         record.setdefault(match.group(1), line[match.end() : end].strip())
     return record
