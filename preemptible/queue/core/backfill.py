@@ -26,6 +26,8 @@ class Reservation:
     job_id: str
     start_at: float
     spare: list[float]
+    borrowing: bool = False
+    """The head would run on borrowed capacity: it cannot hold back work within nominal quota."""
 
 
 def expected_runtime_s(job: Job, default_estimate_s: float) -> float:

@@ -52,6 +52,8 @@ class PolicySettings:
     """Half-life of the decayed usage used for fair share."""
     aging_s: float = 3600.0
     """Waiting this long is worth one fair-share unit (a tier is never crossed)."""
+    aging_max_units: float = 2.0
+    """Aging credit stops growing at this many fair-share units (see docs/scheduling.md)."""
     backfill: bool = True
     """Start smaller jobs ahead of a blocked head job when they do not delay it."""
     default_estimate_s: float = 4 * 3600.0
@@ -222,7 +224,14 @@ def _cluster(raw: Any) -> tuple[Cluster, bool]:
 
 
 def _policy(raw: Any) -> PolicySettings:
-    keys = {"fair_share_half_life", "aging", "backfill", "default_estimate", "backfill_depth"}
+    keys = {
+        "fair_share_half_life",
+        "aging",
+        "aging_max_units",
+        "backfill",
+        "default_estimate",
+        "backfill_depth",
+    }
     _only(raw, keys, "policy")
     out = PolicySettings()
     kwargs: dict[str, Any] = {}
@@ -236,6 +245,8 @@ def _policy(raw: Any) -> PolicySettings:
         kwargs["aging_s"] = parse_duration(raw["aging"], key="policy.aging")
         if kwargs["aging_s"] <= 0:
             raise ConfigError("policy.aging: must be longer than 0s")
+    if "aging_max_units" in raw:
+        kwargs["aging_max_units"] = _number(raw["aging_max_units"], "policy.aging_max_units")
     if "backfill" in raw:
         if not isinstance(raw["backfill"], bool):
             raise ConfigError(f"policy.backfill: expected true or false, got {raw['backfill']!r}")

@@ -17,7 +17,10 @@ Phases, as in kueue's `schedule()`:
 Ordering criteria, in order (policy `preemptible`):
     1. tier, higher first;
     2. fair-share value of the job's queue (1.0 = exactly its weighted share) minus waiting
-       time / `aging` (so one `aging` of waiting is worth one fair-share unit);
+       time / `aging` (one `aging` of waiting is worth one fair-share unit), capped at
+       `aging_max_units`: once every queue's head has waited that long, fair share alone
+       decides, so saturated queues still converge to their weights, while a starved queue's
+       decaying usage brings it to the front;
     3. submission time, then job id (stable tie-break).
 
 Nothing here reads a clock, does I/O or mutates the snapshot: the shell applies the decisions.
@@ -186,7 +189,8 @@ class _Cycle:
             return "stop" if self.policy.head_of_line else "skip"
         placement = self._place(job)
         if placement is not None:
-            if self.reservation is None:
+            res = self.reservation
+            if res is None or (res.borrowing and verdict is QuotaVerdict.WITHIN_NOMINAL):
                 self._admit(job, placement, verdict, self._admit_reason(job, verdict))
                 return "next"
             settings = self.config.policy
@@ -290,6 +294,7 @@ class _Cycle:
         res = plan_reservation(
             job, now=self.now, state=self.st, free=self.free, also_running=self.started_ends
         )
+        res.borrowing = self.policy.quotas and verdict is QuotaVerdict.BORROWING
         self.reservation = res
         when = "unknown" if res.start_at == INF else f"t={res.start_at:.0f}s"
         reason = (
@@ -392,7 +397,9 @@ class _Cycle:
             fair = 2.0 ** (-used / share) if share > 0 else 0.0
             age = min(wait / _SLURM_AGE_MAX_S, 1.0)
             return (-(job.tier.rank * 1e5 + 1e4 * fair + 1e3 * age),)
-        return (-job.tier.rank, self._fair_share(job.queue) - wait / self.config.policy.aging_s)
+        settings = self.config.policy
+        credit = min(wait / settings.aging_s, settings.aging_max_units)
+        return (-job.tier.rank, self._fair_share(job.queue) - credit)
 
     def _fair_share(self, queue: str) -> float:
         value = self.fs_cache.get(queue)

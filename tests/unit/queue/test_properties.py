@@ -1,0 +1,273 @@
+"""Invariants of the core over random workloads (hypothesis).
+
+Single cycles on random snapshots check what every decision must respect; short simulations
+check the guarantees that only show over time (nominal quota, aging, share convergence).
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from preemptible.queue.core import POLICIES, RunningJob, schedule
+from preemptible.queue.core.negotiation import min_runtime_seconds
+from preemptible.queue.core.quota import is_borrowing
+from preemptible.sim import SimOptions, Simulator, TraceJob
+
+from .factories import config, job, snapshot
+
+INF = float("inf")
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TIERS = ["low", "normal", "high", "critical"]
+RANK = {t: i for i, t in enumerate(TIERS)}
+
+
+@st.composite
+def workloads(draw):
+    nodes = draw(st.sampled_from([None, 2, 4]))
+    gpus = 16
+    nominal_a = draw(st.integers(0, 8))
+    nominal_b = draw(st.integers(0, 16 - nominal_a))
+    borrow = draw(st.sampled_from([INF, 0, 4]))
+    cfg = config(
+        gpus=gpus,
+        nodes=nodes,
+        queues={"a": (draw(st.floats(0.5, 4)), nominal_a, borrow), "b": (1.0, nominal_b, INF)},
+    )
+    now = 10_000.0
+    running = []
+    used = 0
+    for i in range(draw(st.integers(0, 12))):
+        g = draw(st.sampled_from([1, 1, 2, 4, 8]))
+        if used + g > gpus:
+            break
+        used += g
+        running.append(
+            RunningJob(
+                job=job(
+                    f"r{i}",
+                    queue=draw(st.sampled_from("ab")),
+                    gpus=g,
+                    tier=draw(st.sampled_from(TIERS)),
+                    save=draw(st.sampled_from([5.0, 60.0, 300.0])),
+                    aware=draw(st.booleans()),
+                ),
+                started_at=now - draw(st.floats(0, 3000)),
+            )
+        )
+    pending = [
+        job(
+            f"p{i}",
+            queue=draw(st.sampled_from("ab")),
+            gpus=draw(st.sampled_from([1, 2, 3, 4, 8, 16])),
+            tier=draw(st.sampled_from(TIERS)),
+            at=now - draw(st.floats(0, 5000)),
+            estimate=draw(st.one_of(st.none(), st.floats(60, 20000))),
+        )
+        for i in range(draw(st.integers(0, 15)))
+    ]
+    policy = POLICIES[draw(st.sampled_from(list(POLICIES)))]
+    return cfg, running, pending, now, policy
+
+
+def _try_snapshot(cfg, running, pending):
+    try:
+        return snapshot(cfg, pending=pending, running_jobs=running)
+    except ValueError:  # random running jobs that do not fit on the nodes
+        return None
+
+
+@FAST
+@given(workloads())
+def test_a_cycle_never_over_allocates_and_gangs_are_whole(w):
+    cfg, running, pending, now, policy = w
+    snap = _try_snapshot(cfg, running, pending)
+    if snap is None:
+        return
+    result = schedule(snap, now, policy, cfg)
+    st_ = snap.state
+    free = cfg.cluster.gpus - st_.used[0]
+    node_free = list(st_.pool.free) if st_.pool else None
+    by_id = {j.id: j for j in pending}
+    for a in result.admit:
+        g = by_id[a.job_id].request.gpus
+        free -= g
+        if node_free is not None:
+            assert sum(n for _, n in a.placement) == g  # all of it, at once
+            for node, n in a.placement:
+                node_free[node] -= n
+    assert free >= 0
+    assert node_free is None or min(node_free) >= 0
+    assert len({a.job_id for a in result.admit}) == len(result.admit)
+
+
+@FAST
+@given(workloads())
+def test_preemption_respects_tier_min_runtime_and_guarantees(w):
+    cfg, running, pending, now, policy = w
+    snap = _try_snapshot(cfg, running, pending)
+    if snap is None:
+        return
+    result = schedule(snap, now, policy, cfg)
+    by_id = {j.id: j for j in pending}
+    alloc = snap.state.alloc
+    for p in result.preempt:
+        victim = snap.state.running[p.job_id]
+        preemptor = by_id[p.for_job]
+        if p.reclaim:
+            assert victim.job.queue != preemptor.queue
+            assert is_borrowing(cfg.queue(victim.job.queue), alloc[victim.job.queue])
+        else:
+            assert victim.job.tier.rank < preemptor.tier.rank
+            if policy.protect_min_runtime:
+                floor = min_runtime_seconds(victim.job.save_s, victim.job.restore_s, cfg.preemption)
+                assert now - victim.started_at >= floor
+    assert len({p.job_id for p in result.preempt}) == len(result.preempt)
+
+
+def _run(jobs, cfg, policy="preemptible", **opts):
+    options = SimOptions(cycle_interval_s=0.0, **opts)
+    return Simulator(jobs, cfg, POLICIES[policy], options).run()
+
+
+@SLOW
+@given(
+    seed=st.integers(0, 10_000),
+    flood=st.integers(20, 60),
+    tiers=st.lists(st.sampled_from(TIERS), min_size=1, max_size=3),
+)
+def test_a_job_within_nominal_waits_at_most_one_grace_for_borrowers(seed, flood, tiers):
+    import random
+
+    rng = random.Random(seed)
+    cfg = config(gpus=8, queues={"a": (1.0, 2, INF), "b": (1.0, 6, INF)})
+    jobs = [
+        TraceJob(
+            job_id=f"a{i}",
+            submit_s=rng.uniform(0, 3600),
+            duration_s=rng.uniform(600, 20000),
+            gpus=rng.choice([1, 2, 4]),
+            queue="a",
+            tier=rng.choice(tiers),
+            checkpoint_s=rng.choice([5.0, 60.0, 200.0]),
+        )
+        for i in range(flood)
+    ]
+    t = 600.0
+    for i in range(6):  # b uses at most its nominal quota at any time
+        d = rng.uniform(300, 3000)
+        jobs.append(
+            TraceJob(
+                job_id=f"b{i}",
+                submit_s=t,
+                duration_s=d,
+                gpus=rng.randint(1, 6),
+                queue="b",
+                tier=rng.choice(TIERS),
+                checkpoint_s=30.0,
+            )
+        )
+        t += d + 2 * cfg.preemption.grace_max_s + rng.uniform(0, 2000)
+    jobs.sort(key=lambda j: j.submit_s)
+    result = _run(jobs, cfg)
+    for rec in result.records:
+        if rec.trace.queue == "b":
+            assert rec.wait_s <= cfg.preemption.grace_max_s + 1e-6, rec.trace.job_id
+
+
+@SLOW
+@given(
+    aging_h=st.sampled_from([0.5, 1.0, 2.0]),
+    duration=st.floats(300, 1800),
+    hog_weight=st.floats(2, 10),
+)
+def test_aging_bounds_the_wait_under_a_stream_of_higher_share_work(aging_h, duration, hog_weight):
+    # The victim queue used the whole cluster for 4 h, then asks again while a queue with a
+    # higher weight streams twice what the cluster can serve, forever.
+    half_life_h = 1.0
+    cfg = config(
+        gpus=4,
+        queues={"hog": (hog_weight, 0, INF), "victim": (1.0, 0, INF)},
+        policy={"aging": f"{aging_h}h", "fair_share_half_life": f"{half_life_h}h"},
+    )
+    jobs = [
+        TraceJob(
+            job_id=f"v-burst{i}",
+            submit_s=0,
+            duration_s=4 * 3600,
+            gpus=1,
+            queue="victim",
+            tier="normal",
+        )
+        for i in range(4)
+    ]
+    jobs.append(
+        TraceJob(
+            job_id="v-probe",
+            submit_s=4 * 3600 - 1,
+            duration_s=60,
+            gpus=1,
+            queue="victim",
+            tier="normal",
+        )
+    )
+    gap = duration / 8
+    horizon = 40 * 3600
+    jobs += [
+        TraceJob(
+            job_id=f"h{i:06d}",
+            submit_s=1 + i * gap,
+            duration_s=duration,
+            gpus=1,
+            queue="hog",
+            tier="normal",
+        )
+        for i in range(int(horizon / gap))
+    ]
+    result = _run(jobs, cfg)
+    wf_victim = 1.0 / (1.0 + hog_weight)
+    # Aging credit is capped, then the victim's decaying usage must fall below the hog's share:
+    # at most log2(1 / weight fraction) half-lives, twice over for the hog's own share to build.
+    bound_h = aging_h * cfg.policy.aging_max_units + 2 * half_life_h * math.log2(1 / wf_victim)
+    probe = next(r for r in result.records if r.trace.job_id == "v-probe")
+    assert probe.wait_s <= bound_h * 3600 + duration + 1.0
+    assert probe.wait_s < horizon / 2  # bounded well inside the stream, not by its end
+
+
+@SLOW
+@given(weights=st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=2, max_size=3))
+def test_saturated_queues_converge_to_their_weights(weights):
+    names = [f"q{i}" for i in range(len(weights))]
+    cfg = config(
+        gpus=12,
+        queues={n: (w, 0, INF) for n, w in zip(names, weights, strict=True)},
+        policy={"fair_share_half_life": "1h"},
+    )
+    duration, hours = 300.0, 10
+    per_queue_gap = duration / 12 * len(weights) / 3  # each queue alone could fill the cluster 3x
+    jobs = [
+        TraceJob(
+            job_id=f"{n}-{i:05d}",
+            submit_s=i * per_queue_gap,
+            duration_s=duration,
+            gpus=1,
+            queue=n,
+            tier="normal",
+        )
+        for n in names
+        for i in range(int(hours * 3600 / per_queue_gap))
+    ]
+    jobs.sort(key=lambda j: (j.submit_s, j.job_id))
+    result = _run(jobs, cfg)
+    lo, hi = 3 * 3600.0, hours * 3600.0  # steady state: after warm-up, while all are saturated
+    held = dict.fromkeys(names, 0.0)
+    for rec in result.records:
+        start, end = rec.first_start_s, rec.end_s
+        held[rec.trace.queue] += max(0.0, min(end, hi) - max(start, lo))
+    total = sum(held.values())
+    for n, w in zip(names, weights, strict=True):
+        share, target = held[n] / total, w / sum(weights)
+        assert math.isclose(share, target, rel_tol=0.05), (n, share, target)
