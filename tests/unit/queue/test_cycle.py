@@ -143,11 +143,24 @@ def test_backfill_admits_only_jobs_that_do_not_delay_the_reservation():
         job("short", gpus=1, at=1, estimate=600.0, restore=0.0),
         job("long", gpus=1, at=2, estimate=7200.0, restore=0.0),
     ]
-    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, OURS, cfg)
+    slurm = POLICIES["slurm"]  # the same EASY backfill as ours, without quotas or preemption
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, slurm, cfg)
     assert admitted(r) == ["short"]
     assert r.reserve[0].job_id == "head" and r.reserve[0].start_at == pytest.approx(3600.0)
     assert r.admit[0].backfill
     assert "would delay the reservation of head" in r.reason_for("long")
+
+
+def test_a_borrowers_reservation_never_holds_back_work_within_nominal_quota():
+    cfg = config(gpus=4, queues={"a": (1.0, 2, INF), "b": (1.0, 2, INF)})
+    busy = [running(job("x", queue="a", gpus=2, tier="high", estimate=3600.0), started=0.0)]
+    pending = [
+        job("a-head", queue="a", gpus=4, at=0, tier="high"),  # would borrow: reserves, no reclaim
+        job("b-long", queue="b", gpus=1, at=1, estimate=7200.0),
+    ]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, OURS, cfg)
+    assert r.reserve[0].job_id == "a-head"
+    assert admitted(r) == ["b-long"] and not r.admit[0].backfill
 
 
 def test_without_backfill_setting_no_reservation_is_made():
