@@ -219,7 +219,7 @@ class _Cycle:
         if self.policy.head_of_line:
             self.reasons[job.id] = self._blocked_reason(job, verdict)
             return "stop"
-        if self.policy.backfill and self.reservation is None:
+        if self.policy.backfill and self.config.policy.backfill and self.reservation is None:
             self._reserve(job, verdict)
             return "skip"
         self.reasons[job.id] = self._blocked_reason(job, verdict)

@@ -165,7 +165,10 @@ def test_a_borrowers_reservation_never_holds_back_work_within_nominal_quota():
 
 def test_without_backfill_setting_no_reservation_is_made():
     cfg = config(gpus=4, queues={"a": (1.0, 4, INF)}, policy={"backfill": False})
-    assert cfg.policy.backfill is False  # the policy switch is what turns it off in the cycle
+    busy = [running(job("x", gpus=2, estimate=3600.0), started=0.0)]
+    pending = [job("head", gpus=4, at=0), job("long", gpus=1, at=1, estimate=7200.0)]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, POLICIES["slurm"], cfg)
+    assert r.reserve == () and admitted(r) == ["long"]
 
 
 def test_lower_tier_victim_with_least_lost_work_is_preempted():
