@@ -1,0 +1,103 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .test_simulator import SCHEMA_KEYS
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "preemptible", "sim", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+    )
+
+
+def test_sim_writes_the_json_contract_and_a_table(tmp_path, small_trace, small_config):
+    out = tmp_path / "m.json"
+    proc = run_cli(
+        "--trace",
+        str(small_trace),
+        "--config",
+        str(small_config),
+        "--policy",
+        "all",
+        "--json",
+        str(out),
+        "--plot",
+        str(tmp_path / "plots"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert set(report["policies"]) == {"fifo", "priority", "kueue", "slurm", "preemptible"}
+    for metrics in report["policies"].values():
+        overall = metrics["overall"]
+        assert SCHEMA_KEYS | {"max_wait_least_served_s", "sim_seconds"} <= overall.keys()
+        assert 0.0 <= overall["utilization"] <= 1.0 and 0.0 <= overall["goodput"] <= 1.0
+        assert set(metrics["queues"]) == {"team-a", "team-b", "team-c"}
+    assert "preemptible" in proc.stdout and "goodput" in proc.stdout
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 15
+
+
+def test_single_policy(tmp_path, small_trace, small_config):
+    out = tmp_path / "m.json"
+    proc = run_cli(
+        "--trace",
+        str(small_trace),
+        "--config",
+        str(small_config),
+        "--policy",
+        "fifo",
+        "--json",
+        str(out),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert list(json.loads(out.read_text())["policies"]) == ["fifo"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trace", "{bad}", "--config", "{cfg}"], "missing column 'tier'"),
+        (["--trace", "{trace}", "--config", "{cfg}", "--policy", "lottery"], "unknown policy"),
+        (["--trace", "{trace}", "--config", "{badcfg}"], "unknown key 'agin'"),
+        (["--trace", "{tmp}/nope.csv", "--config", "{cfg}"], "nope.csv"),
+        (["--config", "{cfg}"], "give --trace"),
+    ],
+    ids=["missing-column", "unknown-policy", "bad-config", "missing-file", "no-trace"],
+)
+def test_bad_input_prints_one_line_and_exits_2(tmp_path, small_trace, small_config, args, message):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("job_id,submit_s,duration_s,gpus,queue\n1,0,10,1,team-a\n")
+    badcfg = tmp_path / "bad.toml"
+    badcfg.write_text("[cluster]\ngpus = 8\n[policy]\nagin = '1h'\n")
+    subst = {
+        "bad": bad,
+        "cfg": small_config,
+        "trace": small_trace,
+        "badcfg": badcfg,
+        "tmp": tmp_path,
+    }
+    proc = run_cli(*(a.format(**subst) for a in args))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_import_and_synth_subcommands(tmp_path):
+    trace, cfg = tmp_path / "s.csv", tmp_path / "s.toml"
+    proc = run_cli("synth", str(trace), "--jobs", "40", "--gpus", "16", "--config-out", str(cfg))
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli(
+        "import", str(trace), str(tmp_path / "c.csv"), "--config-out", str(tmp_path / "c.toml")
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "[canonical]" in proc.stdout and "40 jobs" in proc.stdout
+    proc = run_cli(
+        "--trace", str(tmp_path / "c.csv"), "--config", str(cfg), "--policy", "preemptible"
+    )
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,207 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from preemptible.errors import TraceFormatError
+from preemptible.queue.core import POLICIES, parse_config_text
+from preemptible.sim import SimOptions, Simulator, TraceJob, read_trace, summarize, write_trace
+from preemptible.sim.importers import import_trace, offered_gpus, suggest_config
+from preemptible.sim.synth import generate
+
+DATA = Path(__file__).parent / "data"
+SHARED = Path(__file__).parents[2].parent / "shared" / "traces"
+EXPECTED = json.loads((DATA / "expected_ranges.json").read_text())
+SCHEMA_KEYS = {
+    "jobs",
+    "p95_wait_s",
+    "max_wait_s",
+    "mean_jct_s",
+    "p95_jct_s",
+    "utilization",
+    "goodput",
+    "preemptions",
+    "preemptions_per_hour",
+    "lost_gpu_s",
+    "lost_gpu_s_per_preemption",
+}
+
+
+@pytest.mark.parametrize("policy", sorted(EXPECTED.keys() - {"_comment"}))
+def test_small_trace_metrics_stay_in_their_ranges(small_report, policy):
+    overall = small_report["policies"][policy]["overall"]
+    for key, (lo, hi) in EXPECTED[policy].items():
+        assert lo <= overall[key] <= hi, f"{policy} {key} = {overall[key]} not in [{lo}, {hi}]"
+
+
+def test_every_job_completes_and_accounting_adds_up(small_report, small_trace):
+    n = len(read_trace(small_trace))
+    for name, metrics in small_report["policies"].items():
+        overall, queues = metrics["overall"], metrics["queues"]
+        assert overall["jobs"] == n == sum(q["jobs"] for q in queues.values()), name
+        assert overall["utilization"] == pytest.approx(
+            sum(q["utilization"] for q in queues.values())
+        )
+        assert 0 <= overall["goodput"] <= overall["utilization"] <= 1
+        assert overall["max_wait_least_served_s"] == max(q["max_wait_s"] for q in queues.values())
+
+
+def test_same_trace_twice_gives_identical_output(small_trace, small_config):
+    from preemptible.cli.sim import run_sim
+
+    def strip(report):
+        for metrics in report["policies"].values():
+            metrics["overall"].pop("sim_seconds")
+        return report
+
+    first = run_sim(trace=small_trace, config=small_config, policy="all")
+    second = run_sim(trace=small_trace, config=small_config, policy="all")
+    assert json.dumps(strip(first), sort_keys=True) == json.dumps(strip(second), sort_keys=True)
+
+
+def _job(job_id, submit, duration, gpus=1, queue="a", tier="normal", ckpt=None):
+    return TraceJob(
+        job_id=job_id,
+        submit_s=submit,
+        duration_s=duration,
+        gpus=gpus,
+        queue=queue,
+        tier=tier,
+        checkpoint_s=ckpt,
+    )
+
+
+CFG = parse_config_text(
+    "[cluster]\ngpus = 2\n[preemption]\nmin_runtime = '5m'\n"
+    "[[queues]]\nname = 'a'\nnominal = { gpus = 2 }\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "lost"),
+    [("aware", 2 * 100.0), ("periodic", 1000.0 + 100.0)],
+    ids=["aware-loses-save-and-restore", "periodic-loses-work-since-checkpoint"],
+)
+def test_preemption_costs_depend_on_checkpointing(mode, lost):
+    jobs = [
+        _job("low", 0, 10_000, tier="low", ckpt=100.0),
+        _job("high", 4600, 600, tier="high"),  # at 4600 s: last periodic checkpoint at 3600 s
+    ]
+    opts = SimOptions(checkpoint_mode=mode, checkpoint_interval_s=1800.0, cycle_interval_s=0.0)
+    cfg = parse_config_text("[cluster]\ngpus = 1\n[[queues]]\nname = 'a'\nnominal = { gpus = 1 }\n")
+    result = Simulator(jobs, cfg, POLICIES["preemptible"], opts).run()
+    low = next(r for r in result.records if r.trace.job_id == "low")
+    assert low.preemptions == 1
+    assert low.lost_gpu_s == pytest.approx(lost)
+    # the victim finishes all its work: duration plus what it lost and re-did
+    assert low.admitted_gpu_s == pytest.approx(10_000 + lost, rel=1e-6)
+
+
+def test_unknown_queue_in_trace_is_a_clear_error():
+    with pytest.raises(TraceFormatError, match=r"queue .zzz.*add a \[\[queues\]\] entry"):
+        Simulator([_job("x", 0, 10, queue="zzz")], CFG, POLICIES["fifo"])
+
+
+def test_job_larger_than_cluster_is_a_clear_error():
+    with pytest.raises(TraceFormatError, match="more than the whole cluster"):
+        Simulator([_job("x", 0, 10, gpus=3)], CFG, POLICIES["fifo"])
+
+
+def test_missing_column_names_column_and_file(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("job_id,submit_s,duration_s,gpus,queue\n1,0,10,1,a\n")
+    with pytest.raises(TraceFormatError, match=r"bad\.csv: missing column 'tier'"):
+        read_trace(bad)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("1,0,ten,1,a,normal", "'duration_s': 'ten' is not a number"),
+        ("1,0,10,1.5,a,normal", "'gpus': 1.5 is not a whole number"),
+        ("1,0,10,1,a,urgent", "'tier': 'urgent'"),
+        ("1,-5,10,1,a,normal", "'submit_s'"),
+        ("1,0,10,1,,normal", "'queue' is empty"),
+    ],
+    ids=["not-a-number", "fractional-gpus", "bad-tier", "negative", "no-queue"],
+)
+def test_bad_values_name_line_and_column(tmp_path, row, message):
+    bad = tmp_path / "t.csv"
+    bad.write_text("job_id,submit_s,duration_s,gpus,queue,tier\n" + row + "\n")
+    with pytest.raises(TraceFormatError, match=r"t\.csv:2: .*" + message.replace("(", r"\(")):
+        read_trace(bad)
+
+
+def test_trace_round_trips(tmp_path):
+    jobs = generate(jobs=50, gpus=16, seed=3)
+    write_trace(tmp_path / "t.csv", jobs)
+    assert read_trace(tmp_path / "t.csv") == sorted(jobs, key=lambda j: j.submit_s)
+
+
+def test_synthetic_generator_is_deterministic_and_mixed():
+    a, b = generate(jobs=400, gpus=64, seed=5), generate(jobs=400, gpus=64, seed=5)
+    assert a == b and len(a) == 400
+    assert generate(jobs=400, gpus=64, seed=6) != a
+    shapes = {j.gpus for j in a}
+    assert {1, 8} <= shapes
+    assert {j.tier for j in a} >= {"low", "normal"}
+    assert len({j.queue for j in a}) == 3
+    load = sum(j.gpus * j.duration_s for j in a) / (64 * (a[-1].submit_s - a[0].submit_s))
+    assert 0.8 < load < 2.0
+
+
+@pytest.mark.skipif(
+    not (SHARED / "tiresias" / "60_job.csv").exists(), reason="shared traces absent"
+)
+def test_importer_converts_a_public_trace_and_sizes_a_cluster():
+    imported = import_trace(SHARED / "tiresias" / "60_job.csv", teams=3)
+    assert imported.layout == "tiresias" and len(imported.jobs) == 60
+    assert imported.jobs[0].submit_s == 0.0
+    assert {j.queue for j in imported.jobs} <= {"team-a", "team-b", "team-c"}
+    cfg = parse_config_text(suggest_config(imported.jobs))
+    assert cfg.cluster.gpus >= max(j.gpus for j in imported.jobs)
+    assert cfg.cluster.gpus >= offered_gpus(imported.jobs)
+    result = Simulator(imported.jobs, cfg, POLICIES["preemptible"]).run()
+    assert summarize(result)["overall"]["jobs"] == 60
+
+
+def test_chronus_layout_maps_minutes_queues_and_tiers(tmp_path):
+    src = tmp_path / "chronus.csv"
+    src.write_text(
+        "job_id,user,num_gpu,submit_time,iterations,model_name,duration,interval,"
+        "expect_time_list,expect_value_list,best_effort,job_type\n"
+        "0,vc_x,2,10,1,m,30,1,40,10,0,strict\n"
+        "1,vc_y,0,11,1,m,30,1,40,10,0,best\n"
+        "2,vc_y,1,12,1,m,30,1,40,10,1,best\n"
+    )
+    imported = import_trace(src)
+    assert imported.dropped == 1
+    first, second = imported.jobs
+    assert (first.queue, first.tier, first.duration_s, first.submit_s) == ("vc_x", "high", 1800, 0)
+    assert (second.queue, second.tier, second.submit_s) == ("vc_y", "low", 120)
+
+
+def test_unrecognised_layout_is_rejected(tmp_path):
+    src = tmp_path / "x.csv"
+    src.write_text("a,b\n1,2\n")
+    with pytest.raises(TraceFormatError, match="unknown trace layout"):
+        import_trace(src)
+
+
+def test_plots_are_written(tmp_path, small_trace, small_config):
+    from preemptible.sim.plots import write_plots
+
+    cfg = parse_config_text(small_config.read_text())
+    result = Simulator(read_trace(small_trace), cfg, POLICIES["preemptible"]).run()
+    paths = write_plots(result, tmp_path)
+    assert len(paths) == 3
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_json_schema_keys(small_report):
+    for metrics in small_report["policies"].values():
+        assert metrics["overall"].keys() >= SCHEMA_KEYS
+        assert {"max_wait_least_served_s", "sim_seconds"} <= metrics["overall"].keys()
+        for q in metrics["queues"].values():
+            assert q.keys() >= SCHEMA_KEYS
