@@ -12,8 +12,8 @@ itself (its ``ManagerWatchdog`` checks the parent). SIGKILL still works.
 
 Everything here is a module-level function or a :func:`functools.partial` of one, so it pickles
 for the ``spawn`` and ``forkserver`` start methods as well as ``fork``. With ``forkserver`` the
-workers are children of the fork server process, which is itself in the group and dies of a group
-SIGTERM; prefer ``spawn`` or ``fork`` when notices go to the whole group.
+fork server process is itself in the group and dies of a group SIGTERM; its workers are not the
+trainer's children, so that does not disturb the final save.
 """
 
 from __future__ import annotations

@@ -91,8 +91,10 @@ def test_a_second_sigterm_during_the_final_save_does_not_abort_it(tmp_path):
 # --- DataLoader workers and a SIGTERM to the whole process group -------------------------------
 
 
-def run_dataloader_loop(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], str, list[int]]:
-    proc = start(str(SCRIPTS / "dataloader_loop.py"), str(tmp_path), mode)
+def run_dataloader_loop(
+    tmp_path: Path, mode: str, context: str = "spawn"
+) -> tuple[subprocess.Popen[str], str, list[int]]:
+    proc = start(str(SCRIPTS / "dataloader_loop.py"), str(tmp_path), mode, context)
     expect_line(proc, "ready")
     workers = [int((tmp_path / f"worker-{i}").read_text()) for i in range(2)]
     os.killpg(proc.pid, signal.SIGTERM)  # what the queue manager and torchrun do
@@ -100,8 +102,11 @@ def run_dataloader_loop(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str
     return proc, err, workers
 
 
-def test_protected_dataloader_workers_survive_a_group_sigterm_until_the_final_save(tmp_path):
-    proc, err, workers = run_dataloader_loop(tmp_path, "protect")
+@pytest.mark.parametrize("context", ["spawn", "forkserver", "fork"])
+def test_protected_dataloader_workers_survive_a_group_sigterm_until_the_final_save(
+    tmp_path, context
+):
+    proc, err, workers = run_dataloader_loop(tmp_path, "protect", context)
     assert proc.returncode == 143, err
     assert json.loads((tmp_path / "saved.json").read_text())["step"] >= 3
     assert wait_gone(workers, 15) == []  # and they do not outlive the trainer
@@ -115,7 +120,8 @@ def test_unprotected_dataloader_workers_die_of_the_group_sigterm_and_the_save_is
 
 
 def test_protected_workers_still_exit_when_the_trainer_is_killed(tmp_path):
-    proc = start(str(SCRIPTS / "dataloader_loop.py"), str(tmp_path), "protect")
+    # fork: the quickest to start; the parent watchdog is the same for every start method
+    proc = start(str(SCRIPTS / "dataloader_loop.py"), str(tmp_path), "protect", "fork")
     expect_line(proc, "ready")
     workers = [int((tmp_path / f"worker-{i}").read_text()) for i in range(2)]
     proc.kill()  # SIGKILL to the trainer alone: no shutdown of the loader

@@ -1,6 +1,6 @@
-"""A torch loop over a DataLoader with 2 spawned workers, protected or not.
+"""A torch loop over a DataLoader with 2 worker processes, protected or not.
 
-    python dataloader_loop.py OUT_DIR protect|plain
+    python dataloader_loop.py OUT_DIR protect|plain [spawn|forkserver|fork]
 
 Each worker writes its pid to OUT_DIR/worker-N (the loader's own worker_init_fn, which
 protect_dataloader must keep). Prints "ready" once batches flow; on a notice it finishes the step,
@@ -36,12 +36,13 @@ def record_pid(worker_id: int) -> None:
 
 def main() -> int:
     out_dir, mode = sys.argv[1], sys.argv[2]
+    context = sys.argv[3] if len(sys.argv) > 3 else "spawn"
     os.environ["OUT_DIR"] = out_dir
     loader = DataLoader(
         Numbers(),
         batch_size=4,
         num_workers=2,
-        multiprocessing_context="spawn",
+        multiprocessing_context=context,
         worker_init_fn=record_pid,
     )
     if mode == "protect":
