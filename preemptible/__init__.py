@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Any
 from preemptible._version import __version__
 
 if TYPE_CHECKING:
-    from preemptible.checkpoint import CheckpointCost, Checkpointer, CheckpointInfo, VerifyReport
+    from preemptible.checkpoint import (
+        CheckpointCost,
+        Checkpointer,
+        CheckpointInfo,
+        SaveHandle,
+        VerifyReport,
+    )
+    from preemptible.data import ResumableSampler
+    from preemptible.rng import RNGState
+    from preemptible.runtime import Context, preemptible
     from preemptible.signals import PreemptionGuard
     from preemptible.workers import protect_dataloader
 
@@ -23,15 +32,25 @@ _EXPORTS = {
     "VerifyReport": "preemptible.checkpoint",
     "PreemptionGuard": "preemptible.signals",
     "protect_dataloader": "preemptible.workers",
+    "SaveHandle": "preemptible.checkpoint",
+    "Context": "preemptible.runtime",
+    "preemptible": "preemptible.runtime",
+    "ResumableSampler": "preemptible.data",
+    "RNGState": "preemptible.rng",
 }
 
 __all__ = [
     "CheckpointCost",
     "CheckpointInfo",
     "Checkpointer",
+    "Context",
     "PreemptionGuard",
+    "RNGState",
+    "ResumableSampler",
+    "SaveHandle",
     "VerifyReport",
     "__version__",
+    "preemptible",
     "protect_dataloader",
 ]
 

@@ -1,15 +1,18 @@
 """Atomic, verifiable checkpoints on any fsspec filesystem (DESIGN.md §3)."""
 
+from preemptible.checkpoint.async_save import AsyncMode, SaveHandle
 from preemptible.checkpoint.manager import Checkpointer, CheckpointInfo, IgnoredDir, VerifyReport
 from preemptible.checkpoint.stats import CheckpointCost, Summary
 from preemptible.checkpoint.storage import CommitMode
 
 __all__ = [
+    "AsyncMode",
     "CheckpointCost",
     "CheckpointInfo",
     "Checkpointer",
     "CommitMode",
     "IgnoredDir",
+    "SaveHandle",
     "Summary",
     "VerifyReport",
 ]

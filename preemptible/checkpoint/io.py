@@ -62,6 +62,7 @@ def write_state(
     shard_bytes: int,
     max_workers: int,
     devices: list[str] | None = None,
+    prefix: str = "",
 ) -> WrittenFiles:
     """Write every array and the state index into ``staging``; returns sizes and checksums.
 
@@ -77,7 +78,7 @@ def write_state(
     entries: list[ArrayEntry | None] = [None] * len(flat.arrays)
 
     def write_shard(number: int) -> tuple[str, FileRecord]:
-        name = storage.data_name(staging, f"data-{number:05d}.bin")
+        name = storage.data_name(staging, f"{prefix}data-{number:05d}.bin")
         crc, offset = 0, 0
         with storage.open_write(staging, name) as f:
             for index in shards[number]:
@@ -98,7 +99,7 @@ def write_state(
 
     index = {"tree": flat.tree, "arrays": [e.to_json() for e in entries if e is not None]}
     payload = json.dumps(index, separators=(",", ":")).encode()
-    state_name = storage.data_name(staging, STATE_FILE)
+    state_name = storage.data_name(staging, f"{prefix}{STATE_FILE}")
     with storage.open_write(staging, state_name) as f:
         f.write(payload)
     files[state_name] = FileRecord(size=len(payload), crc32c=crc32c.crc32c(payload))
@@ -106,10 +107,10 @@ def write_state(
 
 
 def read_index(
-    storage: CheckpointStorage, dirname: str, manifest: Manifest
+    storage: CheckpointStorage, dirname: str, manifest: Manifest, rank: int = 0
 ) -> tuple[Any, list[ArrayEntry]]:
-    """Read and check the state index (tree + array table) of a checkpoint."""
-    name = manifest.state_file
+    """Read and check the state index (tree + array table) that ``rank`` restores from."""
+    name = manifest.state_file_for(rank)
     data = storage.read_bytes(dirname, name)
     _check_record(manifest, name, len(data), crc32c.crc32c(data))
     try:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 import torch
+import torch.distributed as dist
 
 from preemptible._version import __version__
 from preemptible.checkpoint import io
@@ -44,6 +45,7 @@ from preemptible.checkpoint.manifest import (
     MANIFEST_NAME,
     TMP_PREFIX,
     TRASH_PREFIX,
+    FileRecord,
     Manifest,
     parse_step_dirname,
     step_dirname,
@@ -52,6 +54,7 @@ from preemptible.checkpoint.retention import steps_to_delete
 from preemptible.checkpoint.serialize import Flattened, flatten, unflatten
 from preemptible.checkpoint.stats import CheckpointCost, CostTracker
 from preemptible.checkpoint.storage import CheckpointStorage, CommitMode, Staging, open_storage
+from preemptible.elastic import gloo_group, is_distributed, rank_and_world
 from preemptible.errors import (
     CheckpointCorruptedError,
     CheckpointFormatError,
@@ -164,6 +167,7 @@ class Checkpointer:
         self._pool: ThreadPoolExecutor | None = None
         self._in_flight: SaveHandle | None = None
         self._failed: tuple[int, BaseException] | None = None
+        self._warned_resize = False
 
     # --- properties ------------------------------------------------------------------------
 
@@ -227,9 +231,11 @@ class Checkpointer:
         self.wait()  # backpressure, ordering, and the previous save's error
         flat = flatten(state)  # refuses bad input before anything touches storage
         meta = dict(metadata or {})
+        # All ranks call save() at the same step, in the main thread: the place to make groups.
+        group = gloo_group("checkpoint") if is_distributed() else None
         if blocking:
-            return self._save_now(step, flat, meta, started)
-        return self._save_in_background(step, flat, meta, started)
+            return self._save_now(step, flat, meta, started, group)
+        return self._save_in_background(step, flat, meta, started, group)
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for the save in flight, if any; returns its info or raises its error.
@@ -251,17 +257,27 @@ class Checkpointer:
         return None if handle is None else handle.wait()
 
     def _save_now(
-        self, step: int, flat: Flattened, metadata: dict[str, Any], started: float
+        self,
+        step: int,
+        flat: Flattened,
+        metadata: dict[str, Any],
+        started: float,
+        group: Any = None,
     ) -> CheckpointInfo:
-        info = self._write(step, flat, metadata, started)
+        info = self._write(step, flat, metadata, started, group=group)
         elapsed = time.perf_counter() - started
         self._record(step, info, stall=elapsed, started=started)
         return info
 
     def _save_in_background(
-        self, step: int, flat: Flattened, metadata: dict[str, Any], started: float
+        self,
+        step: int,
+        flat: Flattened,
+        metadata: dict[str, Any],
+        started: float,
+        group: Any = None,
     ) -> SaveHandle:
-        mode = self._pick_async_mode(flat)
+        mode = AsyncMode.COPY if group is not None else self._pick_async_mode(flat)
         need = state_bytes(flat.arrays)
         cap = self._staging_cap()
         if need > cap and not (mode is AsyncMode.COPY and self._staging.capacity >= need):
@@ -273,7 +289,7 @@ class Checkpointer:
                 need / 2**20,
                 cap / 2**20,
             )
-            info = self._save_now(step, flat, metadata, started)
+            info = self._save_now(step, flat, metadata, started, group)
             done: Future[CheckpointInfo] = Future()
             done.set_result(info)
             return SaveHandle(step, time.perf_counter() - started, "sync", done)
@@ -292,7 +308,7 @@ class Checkpointer:
 
             def persist() -> CheckpointInfo:
                 ready()
-                return self._write(step, snapshot, metadata, started, devices=devices)
+                return self._write(step, snapshot, metadata, started, devices=devices, group=group)
 
         stall = time.perf_counter() - started
         handle = SaveHandle(
@@ -358,8 +374,116 @@ class Checkpointer:
         metadata: dict[str, Any],
         started: float,
         devices: list[str] | None = None,
+        group: Any = None,
     ) -> CheckpointInfo:
+        if group is not None:
+            return self._info(
+                *self._write_collectively(step, flat, metadata, started, devices, group)
+            )
         return self._info(*self._write_and_commit(step, flat, metadata, started, devices))
+
+    def _manifest(
+        self,
+        step: int,
+        started: float,
+        files: dict[str, FileRecord],
+        state_file: str,
+        metadata: dict[str, Any],
+        rank_state_files: list[str] | None = None,
+    ) -> Manifest:
+        return Manifest(
+            step=step,
+            created_at=time.time(),
+            save_seconds=time.perf_counter() - started,
+            world_size=max(1, len(rank_state_files or [])),
+            state_file=state_file,
+            rank_state_files=rank_state_files or [],
+            files=files,
+            writer={"id": self._writer_id, "host": socket.gethostname(), "pid": os.getpid()},
+            versions=_versions(),
+            metadata=metadata,
+        )
+
+    def _write_collectively(
+        self,
+        step: int,
+        flat: Flattened,
+        metadata: dict[str, Any],
+        started: float,
+        devices: list[str] | None,
+        group: Any,
+    ) -> tuple[str, Manifest]:
+        """Every rank writes its own files; rank 0 commits one manifest once all are durable.
+
+        Every rank runs the same collectives whatever fails, so an error on one rank becomes a
+        `StorageError` on all of them instead of a hang.
+        """
+        storage = self._storage
+        rank, world = rank_and_world()
+        step_dir = step_dirname(step)
+        # 1. Rank 0 opens the staging area and tells the others where it is.
+        opened: list[Any] = [None, None]
+        staging = None
+        if rank == 0:
+            try:
+                staging = storage.begin(step_dir, step, uuid.uuid4().hex[:12])
+                opened = [[staging.dirname, staging.nonce], None]
+            except Exception as e:
+                opened = [None, repr(e)]
+        dist.broadcast_object_list(opened, src=0, group=group)
+        if opened[1] is not None:
+            raise StorageError(f"saving step {step}: rank 0 could not start the save: {opened[1]}")
+        if staging is None:
+            staging = Staging(step=step, dirname=opened[0][0], nonce=opened[0][1])
+        # 2. Every rank writes its shard.
+        mine: Any
+        try:
+            written = io.write_state(
+                storage,
+                staging,
+                flat,
+                shard_bytes=self.shard_bytes,
+                max_workers=self.max_workers,
+                devices=devices,
+                prefix=f"rank{rank:05d}-",
+            )
+            mine = {
+                "files": {n: [r.size, r.crc32c] for n, r in written.files.items()},
+                "state": written.state_file,
+            }
+        except Exception as e:
+            mine = {"error": f"rank {rank}: {e!r}", "files": {n: [0, 0] for n in staging.written}}
+        shards: list[Any] = [None] * world
+        dist.all_gather_object(shards, mine, group=group)
+        # 3. Rank 0 commits (or aborts) and tells everyone the outcome.
+        outcome: list[Any] = [None]
+        if rank == 0:
+            errors = [s["error"] for s in shards if "error" in s]
+            try:
+                if errors:
+                    raise StorageError("; ".join(errors))
+                files = {
+                    n: FileRecord(size=v[0], crc32c=v[1])
+                    for s in shards
+                    for n, v in s["files"].items()
+                }
+                state_files = [s["state"] for s in shards]
+                manifest = self._manifest(
+                    step, started, files, state_files[0], metadata, state_files
+                )
+                outcome = [("ok", self._commit(staging, step_dir, manifest).to_bytes().decode())]
+            except Exception as e:
+                staging.written = [n for s in shards for n in s["files"]]
+                _best_effort(storage.abort, staging)
+                outcome = [("error", str(e))]
+        dist.broadcast_object_list(outcome, src=0, group=group)
+        kind, body = outcome[0]
+        if kind != "ok":
+            raise StorageError(
+                f"saving step {step} to {storage.describe(step_dir)} failed: {body}. Nothing was "
+                "committed and earlier checkpoints are untouched"
+            )
+        return step_dir, Manifest.from_bytes(body.encode())
 
     def _write_and_commit(
         self,
@@ -382,17 +506,7 @@ class Checkpointer:
                 max_workers=self.max_workers,
                 devices=devices,
             )
-            manifest = Manifest(
-                step=step,
-                created_at=time.time(),
-                save_seconds=time.perf_counter() - started,
-                world_size=_world_size(),
-                state_file=written.state_file,
-                files=written.files,
-                writer={"id": self._writer_id, "host": socket.gethostname(), "pid": os.getpid()},
-                versions=_versions(),
-                metadata=metadata,
-            )
+            manifest = self._manifest(step, started, written.files, written.state_file, metadata)
             manifest = self._commit(staging, step_dir, manifest)
         except BaseException as e:
             if staging is not None:
@@ -571,8 +685,20 @@ class Checkpointer:
         return None
 
     def _load_manifest(self, dirname: str, manifest: Manifest, map_location: Any) -> Any:
+        rank, world = rank_and_world()
+        if manifest.world_size != world and not self._warned_resize:
+            self._warned_resize = True
+            log.warning(
+                "checkpoint step %d was written by %d ranks, restoring on %d: each rank loads the "
+                "state of rank (its rank mod %d); sharded tensors are not resharded by this path",
+                manifest.step,
+                manifest.world_size,
+                world,
+                manifest.world_size,
+            )
+
         def read() -> Any:
-            tree, entries = io.read_index(self._storage, dirname, manifest)
+            tree, entries = io.read_index(self._storage, dirname, manifest, rank)
             arrays = io.read_arrays(
                 self._storage,
                 dirname,
@@ -688,6 +814,8 @@ class Checkpointer:
 
         The save that triggered this has committed; losing a cleanup must not fail training.
         """
+        if rank_and_world()[0] != 0:
+            return  # one rank deletes; the others would race it for nothing
         try:
             self._clean_up()
         except Exception as e:
@@ -773,11 +901,6 @@ def _has_load_state_dict(obj: Any) -> bool:
 def _check_step(step: Any) -> None:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ConfigError(f"step must be a non-negative integer, got {step!r}")
-
-
-def _world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _versions() -> dict[str, str]:

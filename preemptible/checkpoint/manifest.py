@@ -51,9 +51,16 @@ class Manifest:
     world_size: int
     state_file: str
     files: dict[str, FileRecord]
+    rank_state_files: list[str] = field(default_factory=list)
     writer: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def state_file_for(self, rank: int) -> str:
+        """The state index a rank loads: its own, or ``rank mod world_size`` after a resize."""
+        if not self.rank_state_files:
+            return self.state_file
+        return self.rank_state_files[rank % len(self.rank_state_files)]
 
     @property
     def total_bytes(self) -> int:
@@ -69,6 +76,7 @@ class Manifest:
             "world_size": self.world_size,
             "checksum": "crc32c",
             "state_file": self.state_file,
+            "rank_state_files": self.rank_state_files,
             "files": {name: rec.to_json() for name, rec in sorted(self.files.items())},
             "writer": self.writer,
             "versions": self.versions,
@@ -104,6 +112,7 @@ class Manifest:
                 save_seconds=float(raw["save_seconds"]),
                 world_size=int(raw["world_size"]),
                 state_file=str(raw["state_file"]),
+                rank_state_files=[str(f) for f in raw.get("rank_state_files", [])],
                 files=files,
                 writer=dict(raw.get("writer", {})),
                 versions=dict(raw.get("versions", {})),

@@ -1,0 +1,280 @@
+"""`Context` and the `@preemptible` decorator: a training loop that survives preemption.
+
+The loop body stays the user's; the context acts only at step boundaries, where the state is
+consistent:
+
+1. When ``steps()`` starts: install the guard, restore the newest valid checkpoint (after the
+   user's ``register`` calls and seeding, so restored RNG states win), continue at ``step + 1``.
+2. After each step: agree with the other ranks (one small all-reduce) on "stop?" and "save?".
+3. On a notice: wait for a save in flight, save synchronously, report, exit ``128 + signum``.
+4. On periodic saves: save in the background (or not, ``async_save=False``).
+5. When the loop ends: a final save; the decorated function's result is returned.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, ParamSpec, TypeVar
+
+from preemptible.checkpoint import CheckpointCost, Checkpointer
+from preemptible.cost import COST_FILE_ENV, write_cost_file
+from preemptible.elastic import StepAgreement
+from preemptible.env import RunEnv, check_signal_setup
+from preemptible.errors import ConfigError, PreemptibleError
+from preemptible.interval import SaveSchedule
+from preemptible.rng import RNGState
+from preemptible.signals import PreemptionGuard
+
+log = logging.getLogger("preemptible")
+
+RESERVED_KEY = "_preemptible"
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Context:
+    """What a preemptible training function gets: registration, steps, and the save machinery.
+
+    Args:
+        checkpoint_dir: checkpoint root (local path or fsspec URL).
+        every_steps: save after every N completed steps.
+        every_seconds: save when this long has passed since the last save.
+        interval: ``"auto"`` for the Young/Daly interval ``sqrt(2 C M)`` (see `interval`).
+        keep: checkpoints to keep.
+        async_save: periodic saves run in the background; notice saves are always synchronous.
+        exit_code: exit code after a notice save (default ``128 + signum``).
+        mtbf_seconds: mean time between preemptions for ``interval="auto"``.
+        signals: the notices to handle.
+        storage_options: fsspec options for the checkpoint root.
+        cost_file: where to write measured costs (default ``$PREEMPTIBLE_COST_FILE``).
+        checkpointer: use this `Checkpointer` instead of building one.
+    """
+
+    def __init__(
+        self,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        *,
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
+        interval: str | None = None,
+        keep: int | None = 3,
+        async_save: bool = True,
+        exit_code: int | None = None,
+        mtbf_seconds: float | None = None,
+        signals: tuple[int, ...] = DEFAULT_SIGNALS,
+        storage_options: dict[str, Any] | None = None,
+        cost_file: str | os.PathLike[str] | None = None,
+        checkpointer: Checkpointer | None = None,
+    ):
+        if interval not in (None, "auto"):
+            raise ConfigError(f"interval must be None or 'auto', got {interval!r}")
+        if checkpointer is None:
+            if checkpoint_dir is None:
+                raise ConfigError("give a checkpoint_dir (or a Checkpointer)")
+            checkpointer = Checkpointer(checkpoint_dir, keep=keep, storage_options=storage_options)
+        self.checkpointer = checkpointer
+        self.schedule = SaveSchedule(
+            every_steps=every_steps,
+            every_seconds=every_seconds,
+            auto=interval == "auto",
+            mtbf_seconds=mtbf_seconds,
+        )
+        self.async_save = async_save
+        self.guard = PreemptionGuard(signals)
+        self.run_env = RunEnv.from_env()
+        self.resumed_from: int | None = None
+        self.restore_seconds: float | None = None
+        self.step: int | None = None
+        self._exit_code = exit_code
+        self._cost_file = cost_file or os.environ.get(COST_FILE_ENV)
+        self._registered: dict[str, Any] = {}
+        self._rng = RNGState()
+        self._agreement = StepAgreement()
+        self._last_saved_step: int | None = None
+        self._last_save_at = time.monotonic()
+        self._save_requested = False
+        self._should_stop = False
+        self._started = False
+        self._in_step = False
+        self._warned_setup = False
+
+    # --- registration and state ---------------------------------------------------------------
+
+    def register(self, **stateful: Any) -> None:
+        """Add objects to checkpoint: anything with state_dict/load_state_dict, tensors, dicts."""
+        if self._started:
+            raise ConfigError("register() must be called before steps() starts")
+        for name in stateful:
+            if name == RESERVED_KEY:
+                raise ConfigError(f"{RESERVED_KEY!r} is reserved for preemptible's own state")
+        self._registered.update(stateful)
+
+    def _state(self) -> dict[str, Any]:
+        return {**self._registered, RESERVED_KEY: {"rng": self._rng}}
+
+    @property
+    def should_stop(self) -> bool:
+        """True once all ranks have agreed to stop at this step boundary."""
+        return self._should_stop
+
+    @property
+    def cost(self) -> CheckpointCost:
+        return self.checkpointer.cost
+
+    def save_now(self) -> None:
+        """Save at the end of the current step (between steps: save the last completed one now)."""
+        if self.step is not None and self._in_step:
+            self._save_requested = True
+        elif self.step is not None:
+            self._save(self.step, blocking=True)
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Yield ``start .. total-1``, where ``start`` follows the restored checkpoint."""
+        if total < 0:
+            raise ConfigError(f"total must be >= 0, got {total}")
+        self._begin()
+        start = 0 if self.resumed_from is None else self.resumed_from + 1
+        for step in range(start, total):
+            self.step = step
+            self._in_step = True
+            yield step
+            self._in_step = False
+            self._at_boundary(step)
+        if self.step is not None and self._last_saved_step != self.step:
+            self._save(self.step, blocking=True)
+        self.checkpointer.wait()
+
+    def _begin(self) -> None:
+        if self._started:
+            raise ConfigError("steps() can run once per Context")
+        self._started = True
+        if not self.guard.installed:
+            self.guard.install()
+        started = time.perf_counter()
+        restored = self.checkpointer.restore(self._state())
+        # Ranks may disagree (one rank's shard was corrupt and it fell back): use the oldest.
+        agreed = self._agreement.same_step(restored)
+        if agreed != restored:
+            if agreed is None:
+                raise PreemptibleError(
+                    "some ranks found no checkpoint to restore while others did; the checkpoint "
+                    f"root {self.checkpointer.url} is not shared by all ranks"
+                )
+            restored = self.checkpointer.restore(self._state(), step=agreed)
+        self.resumed_from = restored
+        if self.resumed_from is not None:
+            self.restore_seconds = time.perf_counter() - started
+            self._last_saved_step = self.resumed_from
+            log.info("resumed from step %d in %.2f s", self.resumed_from, self.restore_seconds)
+        self._last_save_at = time.monotonic()
+
+    def _at_boundary(self, step: int) -> None:
+        stall_p95 = self.cost.stall.p95 if self.cost.stall.count else None
+        due = self._save_requested or self.schedule.should_save(
+            step, now=time.monotonic(), last_save_at=self._last_save_at, stall_p95=stall_p95
+        )
+        stop, save = self._agreement.agree(self.guard.requested, due)
+        self._save_requested = False
+        if stop:
+            self._should_stop = True
+            self._stop(step)
+        if save:
+            self._save(step, blocking=not self.async_save)
+
+    def _save(self, step: int, *, blocking: bool) -> None:
+        self.checkpointer.save(step, self._state(), blocking=blocking)
+        self._last_saved_step = step
+        self._last_save_at = time.monotonic()
+        if blocking:
+            self._report()
+
+    def _stop(self, step: int) -> None:
+        """Checkpoint the completed ``step`` and leave with the notice's exit code."""
+        with self.guard.final_save():
+            try:
+                self.checkpointer.wait()
+            except PreemptibleError as e:  # the final save below still protects this step
+                log.error("an earlier background save failed: %s", e)
+            if self._last_saved_step != step:
+                self._save(step, blocking=True)
+            else:
+                self._report()
+        code = self._exit_code if self._exit_code is not None else self.guard.exit_code()
+        code = code or 128 + signal.SIGTERM  # a programmatic notice is a preemption too
+        received = self.guard.received_at
+        waited = f" {time.time() - received:.2f} s after the notice" if received else ""
+        log.warning("preempted: checkpointed step %d%s; exiting with %d", step, waited, code)
+        raise SystemExit(code)
+
+    def _report(self) -> None:
+        cost = self.cost
+        if self._cost_file:
+            try:
+                write_cost_file(self._cost_file, cost)
+            except OSError as e:
+                log.warning("could not write the cost file %s: %r", self._cost_file, e)
+        if not self._warned_setup:
+            self._warned_setup = True
+            for warning in check_signal_setup(self.run_env, cost.save.p95):
+                log.warning(warning)
+
+    def close(self) -> None:
+        """Wait for a save in flight and remove the signal handlers."""
+        try:
+            self.checkpointer.wait()
+        finally:
+            if self.guard.installed:
+                self.guard.uninstall()
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def preemptible(
+    checkpoint_dir: str | os.PathLike[str],
+    *,
+    every_steps: int | None = None,
+    every_seconds: float | None = None,
+    keep: int | None = 3,
+    async_save: bool = True,
+    exit_code: int | None = None,
+    interval: str | None = None,
+    **context_options: Any,
+) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Make a training function preemption-safe; it receives a `Context` as first argument.
+
+    ``@preemptible("runs/exp1", every_steps=500)`` then ``train()`` runs ``train(ctx)``.
+    Extra keyword options go to `Context`.
+    """
+
+    def decorate(fn: Callable[..., R]) -> Callable[..., R]:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> R:
+            ctx = Context(
+                checkpoint_dir,
+                every_steps=every_steps,
+                every_seconds=every_seconds,
+                keep=keep,
+                async_save=async_save,
+                exit_code=exit_code,
+                interval=interval,
+                **context_options,
+            )
+            with ctx:
+                return fn(ctx, *args, **kwargs)
+
+        return run
+
+    return decorate
