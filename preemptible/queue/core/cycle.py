@@ -96,6 +96,8 @@ class _Cycle:
         self.default_reason = "pending: waiting for its turn"
         self.fs_cache: dict[str, float] = {}
         self.failed: list[tuple[str, int, int]] = []
+        self.cost_cache: dict[str, tuple[tuple, float, float]] = {}
+        self.candidate_cache: dict[tuple, list] = {}
 
     # --- orchestration ------------------------------------------------------------------------
 
@@ -257,6 +259,7 @@ class _Cycle:
             self.pool.take(placement)
         self.version[job.queue] += 1
         self.fs_cache.pop(job.queue, None)
+        self.candidate_cache.clear()
         self.started.add(job.id)
         end = self.now + expected_runtime_s(job, self.config.policy.default_estimate_s)
         self.started_ends.append((end, req))
@@ -323,6 +326,8 @@ class _Cycle:
             settings=self.config.preemption,
             taken=self.taken,
             budget_used=self.budget_used,
+            cost_cache=self.cost_cache,
+            candidate_cache=self.candidate_cache,
         )
         if plan is None:
             self.failed.append(key)
@@ -399,16 +404,23 @@ class _Cycle:
             return (-(job.tier.rank * 1e5 + 1e4 * fair + 1e3 * age),)
         settings = self.config.policy
         credit = min(wait / settings.aging_s, settings.aging_max_units)
-        return (-job.tier.rank, self._fair_share(job.queue) - credit)
+        return (-job.tier.rank, self._fair_share(job) - credit)
 
-    def _fair_share(self, queue: str) -> float:
-        value = self.fs_cache.get(queue)
-        if value is None:
+    def _fair_share(self, job: Job) -> float:
+        """The queue's fair-share value as it would be with `job` admitted (DRF's "after" view).
+
+        Judging by the share after admission, not before, keeps a queue that just released a
+        GPU from winning it back every time, which would freeze shares away from the weights.
+        """
+        queue = job.queue
+        now_share = self.fs_cache.get(queue)
+        if now_share is None:
             a = self.alloc[queue]
             now_share = dominant_share(a[0], a[1], a[2], self.cluster)
-            value = fair_share_value(self.usage.get(queue, 0.0), now_share, self.weights[queue])
-            self.fs_cache[queue] = value
-        return value
+            self.fs_cache[queue] = now_share
+        r = job.request
+        after = now_share + dominant_share(r.gpus, r.cpus, r.memory_gb, self.cluster)
+        return fair_share_value(self.usage.get(queue, 0.0), after, self.weights[queue])
 
     def _fragmentation(self) -> float:
         if self.pool is None:

@@ -3,10 +3,11 @@
 A queue's usage is the integral of its dominant share (DRF: the largest of its GPU, CPU and memory
 fractions of the cluster) over time, decayed with a half-life, as SLURM's multifactor plugin does
 for GPUs alone. Dividing by the window length turns it into an average share in 0..1. The value
-used for ordering blends that history with the queue's share right now (so that several admissions
-in one cycle already count), and divides by the queue's weight fraction: 1.0 means "exactly its
-fair share", 2.0 twice as much. Kueue's fair sharing uses the current share only, which forgets a
-team that hogged the cluster yesterday; SLURM's uses history only, which reacts a cycle late.
+used for ordering blends that history (mostly) with the queue's share right now (so that several
+admissions in one cycle already count), and divides by the queue's weight fraction: 1.0 means
+"exactly its fair share", 2.0 twice as much. Kueue's fair sharing uses the current share only,
+which forgets a team that hogged the cluster yesterday; SLURM's uses history only, which gives
+every GPU freed in one cycle to the same queue.
 """
 
 from __future__ import annotations
@@ -36,15 +37,27 @@ def weight_fractions(queues: Iterable[Queue]) -> dict[str, float]:
     return {q.name: q.weight / total for q in qs}
 
 
-def fair_share_value(usage_avg: float, share_now: float, weight_fraction: float) -> float:
+NOW_WEIGHT = 0.1
+"""Weight of the current share against decayed history in `fair_share_value`."""
+
+
+def fair_share_value(
+    usage_avg: float, share_now: float, weight_fraction: float, *, now_weight: float = NOW_WEIGHT
+) -> float:
     """How much of its fair share a queue has had: 1.0 is exactly fair, lower is under-served.
+
+    History dominates (it is what makes long-run shares converge to the weights, like the
+    integral term of a controller); the current share spreads the admissions of one cycle over
+    the queues instead of giving every free GPU to the queue with the oldest deficit.
 
     Args:
         usage_avg: decayed time-average dominant share (0..1), from `UsageTracker`.
         share_now: dominant share of what the queue holds right now (0..1).
         weight_fraction: the queue's weight over the sum of weights.
+        now_weight: weight of `share_now` in the blend (history gets the rest).
     """
-    return 0.5 * (usage_avg + share_now) / max(weight_fraction, 1e-12)
+    blended = (1.0 - now_weight) * usage_avg + now_weight * share_now
+    return blended / max(weight_fraction, 1e-12)
 
 
 class UsageTracker:

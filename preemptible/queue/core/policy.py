@@ -69,7 +69,7 @@ class Policy:
     """Grace from the job's measured save cost; otherwise `fixed_grace_s`."""
     fixed_grace_s: float = 30.0
     """Grace when not negotiated (Kubernetes' default terminationGracePeriodSeconds)."""
-    max_preemption_plans: int = 16
+    max_preemption_plans: int = 8
     """At most this many victim searches per cycle (each scans running jobs)."""
 
 

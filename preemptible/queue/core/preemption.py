@@ -91,8 +91,15 @@ def find_victims(
     settings: PreemptionSettings,
     taken: set[str],
     budget_used: MutableMapping[str, int],
+    cost_cache: dict[str, tuple[tuple, float, float]] | None = None,
+    candidate_cache: dict[tuple, list] | None = None,
 ) -> VictimPlan | None:
-    """The cheapest set of victims that lets `job` start, or None when there is none."""
+    """The cheapest set of victims that lets `job` start, or None when there is none.
+
+    `cost_cache` and `candidate_cache` belong to one cycle: prices do not depend on the
+    preemptor, and the eligible set only on its queue and tier while allocations are unchanged
+    (the caller clears `candidate_cache` when it admits a job).
+    """
     queues = state.queues
     queue = queues[job.queue]
     req = job.request.as_tuple()
@@ -109,6 +116,14 @@ def find_victims(
     if not can_tier and not any(borrowing.values()):
         return None
 
+    cache_key = (job.queue, rank, can_reclaim, can_tier)
+    if candidate_cache is not None and cache_key in candidate_cache:
+        candidates = [c for c in candidate_cache[cache_key] if c[1].job.id not in taken]
+        if not candidates:
+            return None
+        return _choose(
+            job, candidates, alloc, free, pool, policy, queue, req, budget_used, state.node_jobs
+        )
     candidates: list[tuple[tuple, RunningJob, float, float, bool]] = []
     newest_first = policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST
     across = policy.tier_preemption_across_queues
@@ -136,14 +151,25 @@ def find_victims(
                 tier_ok = last is None or now - last >= cooldown
             if not (reclaim_q or tier_ok):
                 continue
-            _add_candidate(candidates, rj, job, now, policy, settings, newest_first, tier_ok)
+            cached = cost_cache.get(vjob.id) if cost_cache is not None else None
+            if cached is None:
+                cached = _price(rj, now, policy, settings, newest_first)
+                if cost_cache is not None:
+                    cost_cache[vjob.id] = cached
+            key, lost, grace = cached
+            candidates.append((key, rj, lost, grace, not tier_ok))
+    candidates.sort(key=lambda c: c[0])
+    if candidate_cache is not None:
+        candidate_cache[cache_key] = candidates
     if not candidates:
         return None
-    candidates.sort(key=lambda c: c[0])
-    return _choose(job, candidates, alloc, free, pool, policy, queue, req, budget_used)
+    return _choose(
+        job, candidates, alloc, free, pool, policy, queue, req, budget_used, state.node_jobs
+    )
 
 
-def _add_candidate(candidates, rj, job, now, policy, settings, newest_first, tier_ok) -> None:
+def _price(rj, now, policy, settings, newest_first) -> tuple[tuple, float, float]:
+    """(sort key, lost GPU-seconds, grace) of preempting `rj` now; independent of the preemptor."""
     vjob = rj.job
     grace = victim_grace_s(vjob, policy, settings)
     lost = lost_gpu_seconds(rj, now, grace)
@@ -151,10 +177,10 @@ def _add_candidate(candidates, rj, job, now, policy, settings, newest_first, tie
         key = (vjob.tier.rank, -rj.started_at, vjob.id)
     else:
         key = (lost / max(vjob.request.gpus, 1), lost, -rj.started_at, vjob.id)
-    candidates.append((key, rj, lost, grace, not tier_ok))
+    return key, lost, grace
 
 
-def _choose(job, candidates, alloc, free, pool, policy, queue, req, budget_used):
+def _choose(job, candidates, alloc, free, pool, policy, queue, req, budget_used, node_jobs):
     def quota_ok(freed_own: Sequence[float]) -> bool:
         if not policy.quotas:
             return True
@@ -164,6 +190,8 @@ def _choose(job, candidates, alloc, free, pool, policy, queue, req, budget_used)
 
     if pool is not None and 0 < req[0] <= pool.gpus_per_node:
         chosen, placement = _per_node(job, candidates, free, pool, quota_ok)
+    elif pool is not None:
+        chosen, placement = _whole_nodes(job, candidates, free, pool, quota_ok, node_jobs)
     else:
         chosen, placement = _greedy(job, candidates, free, pool, quota_ok)
     if chosen is None:
@@ -220,38 +248,92 @@ def _greedy(job, candidates, free, pool, quota_ok):
     return chosen, placement
 
 
-def _per_node(job, candidates, free, pool, quota_ok):
-    """For a single-node job: on each node, the cheapest victims that make room; best node wins."""
+def _per_node(job, candidates, free, pool, quota_ok, *, enough_nodes: int = 8):
+    """For a single-node job: on each node, the cheapest victims that make room; best node wins.
+
+    One pass over the candidates in price order, accumulating per node; a node is complete the
+    first time its room suffices. Candidates come cheapest first, so after `enough_nodes`
+    complete nodes a cheaper one is unlikely; we stop there to bound the cost of a cycle.
+    """
     req = job.request.as_tuple()
     gpus = req[0]
-    by_node: dict[int, list] = {}
-    for c in candidates:
-        for node, _ in c[1].placement:
-            by_node.setdefault(node, []).append(c)
+    room: dict[int, int] = {}
+    acc: dict[int, tuple[list, float, list, list]] = {}
     best = None
-    for node, cands in by_node.items():
-        room = pool.free[node]
-        if room + sum(g for c in cands for n, g in c[1].placement if n == node) < gpus:
-            continue
-        freed = [0.0, 0.0, 0.0]
-        freed_own = [0.0, 0.0, 0.0]
-        chosen = []
-        cost = 0.0
-        for c in cands:
+    done: set[int] = set()
+    for c in candidates:
+        rj = c[1]
+        own = rj.job.queue == job.queue
+        r = rj.job.request.as_tuple()
+        for node, g in rj.placement:
+            if node in done:
+                continue
+            if node not in acc:
+                acc[node] = ([], 0.0, [0.0, 0.0, 0.0], [0.0, 0.0, 0.0])
+                room[node] = pool.free[node]
+            chosen, cost, freed, freed_own = acc[node]
             chosen.append(c)
             cost += c[2]
-            r = c[1].job.request.as_tuple()
             for i in range(3):
                 freed[i] += r[i]
-                if c[1].job.queue == job.queue:
+                if own:
                     freed_own[i] += r[i]
-            room += sum(g for n, g in c[1].placement if n == node)
-            if room >= gpus and _fits_flat(free, freed, req) and quota_ok(freed_own):
-                break
-        else:
-            continue
-        if best is None or (cost, node) < (best[0], best[1]):
-            best = (cost, node, chosen)
+            acc[node] = (chosen, cost, freed, freed_own)
+            room[node] += g
+            if room[node] >= gpus and _fits_flat(free, freed, req) and quota_ok(freed_own):
+                done.add(node)
+                if best is None or (cost, node) < (best[0], best[1]):
+                    best = (cost, node, list(chosen))
+        if len(done) >= enough_nodes:
+            break
     if best is None:
         return None, None
     return best[2], ((best[1], gpus),)
+
+
+def _whole_nodes(job, candidates, free, pool, quota_ok, node_jobs):
+    """For a multi-node job: clear the cheapest nodes whose every job may be preempted."""
+    req = job.request.as_tuple()
+    per = pool.gpus_per_node
+    need = -(-int(req[0]) // per)  # a remainder takes a node of its own
+    by_id = {c[1].job.id: c for c in candidates}
+    priced: list[tuple[float, int, list]] = []
+    for node, free_gpus in enumerate(pool.free):
+        if free_gpus == per:
+            priced.append((0.0, node, []))
+            continue
+        cands = []
+        for job_id in node_jobs[node]:
+            c = by_id.get(job_id)
+            if c is None:
+                break
+            cands.append(c)
+        else:
+            held = sum(g for c in cands for n, g in c[1].placement if n == node)
+            if free_gpus + held == per:
+                priced.append((sum(c[2] for c in cands), node, cands))
+    if len(priced) < need:
+        return None, None
+    priced.sort(key=lambda p: (p[0], p[1]))
+    chosen_nodes = priced[:need]
+    chosen, seen = [], set()
+    for _, _, cands in chosen_nodes:
+        for c in cands:
+            if c[1].job.id not in seen:
+                seen.add(c[1].job.id)
+                chosen.append(c)
+    freed, freed_own = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
+    for c in chosen:
+        r = c[1].job.request.as_tuple()
+        for i in range(3):
+            freed[i] += r[i]
+            if c[1].job.queue == job.queue:
+                freed_own[i] += r[i]
+    if not (_fits_flat(free, freed, req) and quota_ok(freed_own)):
+        return None, None
+    nodes = sorted(n for _, n, _ in chosen_nodes)
+    whole, rest = divmod(int(req[0]), per)
+    placement = [(n, per) for n in nodes[:whole]]
+    if rest:
+        placement.append((nodes[whole], rest))
+    return chosen, tuple(placement)

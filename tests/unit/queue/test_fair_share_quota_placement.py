@@ -40,7 +40,7 @@ def test_usage_never_goes_backwards_in_time():
 
 @pytest.mark.parametrize(
     ("usage", "now", "weight", "value"),
-    [(0.5, 0.5, 0.5, 1.0), (0.0, 0.0, 0.5, 0.0), (1.0, 1.0, 0.25, 4.0), (0.2, 0.0, 0.1, 1.0)],
+    [(0.5, 0.5, 0.5, 1.0), (0.0, 0.0, 0.5, 0.0), (1.0, 1.0, 0.25, 4.0), (0.2, 0.0, 0.1, 1.8)],
     ids=["exactly-fair", "unused", "four-times-fair", "history-only"],
 )
 def test_fair_share_value_is_blended_share_over_weight(usage, now, weight, value):

@@ -233,8 +233,8 @@ def test_aging_bounds_the_wait_under_a_stream_of_higher_share_work(aging_h, dura
     # at most log2(1 / weight fraction) half-lives, twice over for the hog's own share to build.
     bound_h = aging_h * cfg.policy.aging_max_units + 2 * half_life_h * math.log2(1 / wf_victim)
     probe = next(r for r in result.records if r.trace.job_id == "v-probe")
-    assert probe.wait_s <= bound_h * 3600 + duration + 1.0
-    assert probe.wait_s < horizon / 2  # bounded well inside the stream, not by its end
+    assert probe.wait_s <= bound_h * 3600 + duration + 1.0, (probe.wait_s, bound_h)
+    assert probe.wait_s < horizon / 2, probe.wait_s  # bounded inside the stream, not by its end
 
 
 @SLOW
@@ -246,7 +246,7 @@ def test_saturated_queues_converge_to_their_weights(weights):
         queues={n: (w, 0, INF) for n, w in zip(names, weights, strict=True)},
         policy={"fair_share_half_life": "1h"},
     )
-    duration, hours = 300.0, 10
+    duration, hours = 300.0, 12
     per_queue_gap = duration / 12 * len(weights) / 3  # each queue alone could fill the cluster 3x
     jobs = [
         TraceJob(
@@ -262,7 +262,9 @@ def test_saturated_queues_converge_to_their_weights(weights):
     ]
     jobs.sort(key=lambda j: (j.submit_s, j.job_id))
     result = _run(jobs, cfg)
-    lo, hi = 3 * 3600.0, hours * 3600.0  # steady state: after warm-up, while all are saturated
+    # Steady state: every queue's oldest job has waited past the aging cap (2 h), which takes
+    # up to 5 h here as backlogs grow at 40% of the arrival rate or more; all are saturated.
+    lo, hi = 6 * 3600.0, hours * 3600.0
     held = dict.fromkeys(names, 0.0)
     for rec in result.records:
         start, end = rec.first_start_s, rec.end_s
