@@ -79,6 +79,10 @@ class JobRecord:
     preemptions: int = 0
     lost_gpu_s: float = 0.0
     admitted_gpu_s: float = 0.0
+    runs: list[tuple[float, float]] = field(default_factory=list)
+    """(start, end) of every run, for timelines and windowed metrics."""
+    lost_log: list[tuple[float, float]] = field(default_factory=list)
+    """(time, GPU-seconds) of every preemption's loss."""
     last_preempted_at: float | None = None
     exiting: bool = False
 
@@ -256,6 +260,7 @@ class Simulator:
     def _release(self, rec: JobRecord, now: float) -> None:
         running = self.state.finish(rec.trace.job_id)
         rec.admitted_gpu_s += rec.trace.gpus * (now - rec.run_start_s)
+        rec.runs.append((rec.run_start_s, now))
         self.tracker.advance(now)
         self.tracker.add(rec.trace.queue, -self._share(running.job))
 
@@ -339,6 +344,7 @@ class Simulator:
         rec.preemptions += 1
         rec.last_preempted_at = now
         rec.lost_gpu_s += lost
+        rec.lost_log.append((now, lost))
         rec.saved_s = new_saved
         rec.run_token += 1
         rec.exiting = True
@@ -367,10 +373,4 @@ def _timeline(result: SimResult, bins: int) -> None:
 
 
 def _runs(rec: JobRecord) -> list[tuple[float, float]]:
-    # Run intervals are not kept per run (memory); approximate by the first start to the end,
-    # scaled to the GPU time actually held, which is exact for jobs never preempted.
-    if rec.first_start_s is None or rec.end_s is None:
-        return []
-    held = rec.admitted_gpu_s / max(rec.trace.gpus, 1)
-    start = max(rec.first_start_s, rec.end_s - held)
-    return [(start, rec.end_s)]
+    return rec.runs

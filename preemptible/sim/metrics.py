@@ -8,7 +8,9 @@
 
 Per-queue utilisation and goodput are shares of the whole cluster, so they add up to overall.
 `demand_ratio` (GPU-seconds of work submitted / GPU-seconds available while jobs were arriving)
-says whether demand exceeded supply, which is where the goodput goal applies.
+says whether demand exceeded supply, which is where the goodput goal applies; for that goal
+`goodput_while_arriving` measures goodput over the same window (first to last submission), so
+that the drain at the end of a finite trace, when demand has stopped, does not count.
 """
 
 from __future__ import annotations
@@ -71,8 +73,19 @@ def summarize(result: SimResult) -> dict[str, Any]:
     last_submit = max((r.trace.submit_s for r in result.records), default=result.start_s)
     window = max(last_submit - result.start_s, 1.0)
     demand = sum(r.trace.duration_s * r.trace.gpus for r in result.records)
+    window_gpu_s = result.gpus * window
+    in_window = sum(
+        r.trace.gpus * max(0.0, min(end, last_submit) - max(start, result.start_s))
+        for r in result.records
+        for start, end in r.runs
+    )
+    lost_in_window = sum(
+        amount for r in result.records for at, amount in r.lost_log if at <= last_submit
+    )
     overall.update(
         {
+            "utilization_while_arriving": in_window / window_gpu_s,
+            "goodput_while_arriving": (in_window - lost_in_window) / window_gpu_s,
             "max_wait_least_served_s": queues[least]["max_wait_s"] if least else 0.0,
             "least_served_queue": least,
             "sim_seconds": result.sim_seconds,

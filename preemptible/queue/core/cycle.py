@@ -19,8 +19,9 @@ Ordering criteria, in order (policy `preemptible`):
     2. fair-share value of the job's queue (1.0 = exactly its weighted share) minus waiting
        time / `aging` (one `aging` of waiting is worth one fair-share unit), capped at
        `aging_max_units`: once every queue's head has waited that long, fair share alone
-       decides, so saturated queues still converge to their weights, while a starved queue's
-       decaying usage brings it to the front;
+       decides, so saturated queues still converge to their weights. A job that has waited
+       past the cap while its queue is below its fair share (value < 1) is starving: it goes
+       first in its tier, oldest first, and so gets the backfill reservation;
     3. submission time, then job id (stable tie-break).
 
 Nothing here reads a clock, does I/O or mutates the snapshot: the shell applies the decisions.
@@ -47,6 +48,7 @@ from preemptible.queue.core.state import GroupKey, Snapshot
 
 INF = float("inf")
 _SLURM_AGE_MAX_S = 7 * 86400.0
+_STARVING = -1e15
 
 
 def schedule(snapshot: Snapshot, now: float, policy: Policy, config: QueueConfig) -> CycleResult:
@@ -403,10 +405,16 @@ class _Cycle:
             age = min(wait / _SLURM_AGE_MAX_S, 1.0)
             return (-(job.tier.rank * 1e5 + 1e4 * fair + 1e3 * age),)
         settings = self.config.policy
-        credit = min(wait / settings.aging_s, settings.aging_max_units)
+        credit = wait / settings.aging_s
+        if credit >= settings.aging_max_units:
+            if self._fair_share(job, after=False) < 1.0:
+                # Starving in a queue below its fair share: oldest first, ahead of the rest of
+                # its tier, so it gets the reservation and capacity drains towards it.
+                return (-job.tier.rank, _STARVING + job.submitted_at)
+            credit = settings.aging_max_units
         return (-job.tier.rank, self._fair_share(job) - credit)
 
-    def _fair_share(self, job: Job) -> float:
+    def _fair_share(self, job: Job, *, after: bool = True) -> float:
         """The queue's fair-share value as it would be with `job` admitted (DRF's "after" view).
 
         Judging by the share after admission, not before, keeps a queue that just released a
@@ -418,9 +426,10 @@ class _Cycle:
             a = self.alloc[queue]
             now_share = dominant_share(a[0], a[1], a[2], self.cluster)
             self.fs_cache[queue] = now_share
-        r = job.request
-        after = now_share + dominant_share(r.gpus, r.cpus, r.memory_gb, self.cluster)
-        return fair_share_value(self.usage.get(queue, 0.0), after, self.weights[queue])
+        if after:
+            r = job.request
+            now_share += dominant_share(r.gpus, r.cpus, r.memory_gb, self.cluster)
+        return fair_share_value(self.usage.get(queue, 0.0), now_share, self.weights[queue])
 
     def _fragmentation(self) -> float:
         if self.pool is None:

@@ -1,0 +1,175 @@
+"""Our policy against every baseline, on every shared trace and on the synthetic workload.
+
+For each trace: import it, size the cluster to its offered load (`suggest_config`, 8-GPU nodes,
+so demand exceeds supply whenever it bursts), replay it under fifo, priority, kueue, slurm and
+preemptible with checkpoint-aware jobs, and check the goals of issue 4:
+
+- goodput >= 90% where demand exceeds supply (`goodput_while_arriving`, demand ratio > 1);
+- lost GPU-hours < 1% of delivered GPU-hours;
+- no queue's p95 wait worse than the best baseline's for that queue by more than 10%
+  (waits under 60 s count as 60 s, so that a few seconds against zero is not a failure);
+- the least-served queue's max wait lower than every baseline's.
+
+    .venv/bin/python benchmarks/policy_quality.py [--traces all|synthetic,philly,...]
+        [--json out.json] [--markdown out.md] [--plots DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from preemptible.queue.core import BASELINES, POLICIES, parse_config_text
+from preemptible.sim import Simulator, summarize
+from preemptible.sim.importers import import_trace, suggest_config
+from preemptible.sim.synth import generate, synth_config
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+TRACES = {
+    "synthetic": None,
+    "philly": "philly-pollux/philly.csv",
+    "chronus-mix1": "philly-chronus/trace_job_Philly_MIX1.csv",
+    "chronus-mix2": "philly-chronus/trace_job_Philly_MIX2.csv",
+    "chronus-slo": "philly-chronus/trace_job_Philly_SLO.csv",
+    **{
+        f"itp-{i:02d}": f"microsoft-itp-elasticflow/raw-traces/cluster{i:02d}.csv"
+        for i in range(1, 11)
+    },
+    "tiresias-60": "tiresias/60_job.csv",
+}
+FLOOR_S = 60.0
+
+
+def load(name: str, shared: Path):
+    if TRACES[name] is None:
+        gpus = 256
+        return generate(jobs=20_000, gpus=gpus, load=1.1, seed=1), synth_config(gpus)
+    jobs = import_trace(shared / TRACES[name]).jobs
+    return jobs, suggest_config(jobs)
+
+
+def evaluate(name: str, shared: Path, plots: Path | None) -> dict[str, Any]:
+    jobs, cfg_text = load(name, shared)
+    cfg = parse_config_text(cfg_text)
+    out: dict[str, Any] = {"jobs": len(jobs), "gpus": cfg.cluster.gpus, "policies": {}}
+    for policy in POLICIES:
+        t = time.perf_counter()
+        result = Simulator(jobs, cfg, POLICIES[policy]).run()
+        out["policies"][policy] = summarize(result)
+        out["policies"][policy]["overall"]["wall_s"] = time.perf_counter() - t
+        if plots is not None and name == "synthetic" and policy in ("preemptible", "kueue"):
+            from preemptible.sim.plots import write_plots
+
+            write_plots(result, plots)
+    out["checks"] = checks(out["policies"])
+    return out
+
+
+def checks(policies: dict[str, Any]) -> dict[str, Any]:
+    ours = policies["preemptible"]
+    o = ours["overall"]
+    worst_q, worst_ratio = "", 0.0
+    for q, m in ours["queues"].items():
+        best = min(policies[b]["queues"][q]["p95_wait_s"] for b in BASELINES)
+        ratio = max(m["p95_wait_s"], FLOOR_S) / max(best, FLOOR_S)
+        if ratio > worst_ratio:
+            worst_q, worst_ratio = q, ratio
+    least_best = min(policies[b]["overall"]["max_wait_least_served_s"] for b in BASELINES)
+    best_util = max(policies[b]["overall"]["utilization"] for b in BASELINES)
+    return {
+        "demand_ratio": o["demand_ratio"],
+        "goodput_while_arriving": o["goodput_while_arriving"],
+        "goodput_ok": o["demand_ratio"] <= 1.0 or o["goodput_while_arriving"] >= 0.9,
+        "lost_share": o["lost_share_of_delivered"],
+        "lost_ok": o["lost_share_of_delivered"] < 0.01,
+        "worst_queue": worst_q,
+        "worst_p95_ratio": worst_ratio,
+        "p95_ok": worst_ratio <= 1.10,
+        "least_served_ratio": o["max_wait_least_served_s"] / max(least_best, 1e-9),
+        "least_served_ok": o["max_wait_least_served_s"] < least_best,
+        "util_vs_best_baseline": o["utilization"] / max(best_util, 1e-9),
+    }
+
+
+def hours(s: float) -> str:
+    return f"{s / 3600:.1f}h"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    yes = {True: "yes", False: "**no**"}
+    lines = [
+        "| trace | jobs | GPUs | demand | goodput (arriving) | lost / delivered | worst queue p95 "
+        "vs best baseline | least-served max wait vs best baseline | util vs best baseline |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, r in results.items():
+        c = r["checks"]
+        lines.append(
+            f"| {name} | {r['jobs']:,} | {r['gpus']} | {c['demand_ratio']:.2f}x | "
+            f"{c['goodput_while_arriving']:.1%} ({yes[c['goodput_ok']]}) | "
+            f"{c['lost_share']:.2%} ({yes[c['lost_ok']]}) | "
+            f"{c['worst_p95_ratio']:.2f}x {c['worst_queue']} ({yes[c['p95_ok']]}) | "
+            f"{c['least_served_ratio']:.2f}x ({yes[c['least_served_ok']]}) | "
+            f"{c['util_vs_best_baseline']:.2f}x |"
+        )
+    lines += [
+        "",
+        "| trace | policy | util | goodput | p95 wait | max wait (least served) | mean JCT "
+        "| preempt/h | lost / delivered | sim wall |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, r in results.items():
+        for policy, m in r["policies"].items():
+            o = m["overall"]
+            lines.append(
+                f"| {name} | {policy} | {o['utilization']:.1%} | {o['goodput']:.1%} | "
+                f"{hours(o['p95_wait_s'])} | {hours(o['max_wait_least_served_s'])} | "
+                f"{hours(o['mean_jct_s'])} | {o['preemptions_per_hour']:.2f} | "
+                f"{o['lost_share_of_delivered']:.2%} | {o['wall_s']:.1f}s |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", default="all")
+    parser.add_argument("--shared", type=Path, default=SHARED)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--plots", type=Path)
+    args = parser.parse_args()
+    names = list(TRACES) if args.traces == "all" else args.traces.split(",")
+    results: dict[str, Any] = {}
+    print(
+        f"{'trace':<14}{'jobs':>8}{'GPUs':>6}{'demand':>8}{'goodput':>9}{'lost':>7}"
+        f"{'p95 vs best':>13}{'least-served':>14}{'util ratio':>11}"
+    )
+    for name in names:
+        if TRACES[name] is not None and not (args.shared / TRACES[name]).exists():
+            print(f"{name:<14} (missing: {args.shared / TRACES[name]})")
+            continue
+        r = results[name] = evaluate(name, args.shared, args.plots)
+        c = r["checks"]
+        print(
+            f"{name:<14}{r['jobs']:>8,}{r['gpus']:>6}{c['demand_ratio']:>7.2f}x"
+            f"{c['goodput_while_arriving']:>9.1%}{c['lost_share']:>7.2%}"
+            f"{c['worst_p95_ratio']:>12.2f}x{c['least_served_ratio']:>13.2f}x"
+            f"{c['util_vs_best_baseline']:>10.2f}x",
+            flush=True,
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, sort_keys=True))
+    if args.markdown:
+        args.markdown.write_text(markdown(results))
+    met = {
+        k: sum(r["checks"][k] for r in results.values())
+        for k in ("goodput_ok", "lost_ok", "p95_ok", "least_served_ok")
+    }
+    print(f"goals met on {len(results)} traces: " + ", ".join(f"{k} {v}" for k, v in met.items()))
+
+
+if __name__ == "__main__":
+    main()
