@@ -84,6 +84,9 @@ def sim(
     checkpoint_cost: Annotated[
         str, typer.Option(help="Save/restore cost for jobs whose trace gives none.")
     ] = "60s",
+    cycle_interval: Annotated[
+        str, typer.Option(help="Least virtual time between two scheduling cycles.")
+    ] = "10s",
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Replay TRACE under CONFIG with one policy or all, and report the four signals."""
@@ -99,6 +102,7 @@ def sim(
             checkpointing=checkpointing,
             checkpoint_interval=checkpoint_interval,
             checkpoint_cost=checkpoint_cost,
+            cycle_interval=cycle_interval,
             plot=plot,
             quiet=quiet,
         )
@@ -120,6 +124,7 @@ def run_sim(
     checkpointing: str = "aware",
     checkpoint_interval: str = "30m",
     checkpoint_cost: str = "60s",
+    cycle_interval: str = "10s",
     plot: Path | None = None,
     quiet: bool = True,
 ) -> dict[str, Any]:
@@ -140,11 +145,13 @@ def run_sim(
         checkpoint_mode=checkpointing,
         checkpoint_interval_s=parse_duration(checkpoint_interval, key="--checkpoint-interval"),
         default_checkpoint_s=parse_duration(checkpoint_cost, key="--checkpoint-cost"),
+        cycle_interval_s=parse_duration(cycle_interval, key="--cycle-interval"),
     )
     report: dict[str, Any] = {
         "trace": str(trace),
         "config": str(config),
         "checkpointing": checkpointing,
+        "cycle_interval_s": options.cycle_interval_s,
         "policies": {},
     }
     with _progress(quiet) as bar:
