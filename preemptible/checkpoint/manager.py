@@ -628,18 +628,21 @@ class Checkpointer:
 
     # --- load and restore --------------------------------------------------------------------
 
-    def load(self, step: int | None = None, *, map_location: Any = None) -> Any:
+    def load(
+        self, step: int | None = None, *, map_location: Any = None, rank: int | None = None
+    ) -> Any:
         """Read a checkpoint into plain Python: nested dicts/lists of tensors and values.
 
         With ``step=None``, the newest checkpoint that passes verification (corrupt ones are
         skipped with a warning). Tensors go to ``map_location`` if given, else to the device they
-        were saved from when it exists here, else to the CPU.
+        were saved from when it exists here, else to the CPU. A checkpoint written by several
+        ranks holds one state per rank: ``rank`` picks one (default: this process's rank).
 
         Raises:
             CheckpointNotFoundError: there is no such (or no) committed checkpoint.
             CheckpointCorruptedError: ``step`` was given and its files fail verification.
         """
-        result = self._load_with_fallback(step, map_location)
+        result = self._load_with_fallback(step, map_location, rank)
         if result is None:
             raise CheckpointNotFoundError(
                 f"no committed checkpoint under {self.url}; save one first or check the path"
@@ -669,13 +672,15 @@ class Checkpointer:
         self._cost.record_restore(time.perf_counter() - started)
         return loaded_step
 
-    def _load_with_fallback(self, step: int | None, map_location: Any) -> tuple[int, Any] | None:
+    def _load_with_fallback(
+        self, step: int | None, map_location: Any, rank: int | None = None
+    ) -> tuple[int, Any] | None:
         if step is not None:
             dirname, manifest = self._committed_or_raise(step)
-            return step, self._load_manifest(dirname, manifest, map_location)
+            return step, self._load_manifest(dirname, manifest, map_location, rank)
         for dirname, manifest in reversed(self._scan()[0]):
             try:
-                return manifest.step, self._load_manifest(dirname, manifest, map_location)
+                return manifest.step, self._load_manifest(dirname, manifest, map_location, rank)
             except (CheckpointCorruptedError, CheckpointFormatError) as e:
                 warnings.warn(
                     f"skipping checkpoint step {manifest.step}: {e}",
@@ -684,8 +689,14 @@ class Checkpointer:
                 )
         return None
 
-    def _load_manifest(self, dirname: str, manifest: Manifest, map_location: Any) -> Any:
-        rank, world = rank_and_world()
+    def _load_manifest(
+        self, dirname: str, manifest: Manifest, map_location: Any, rank: int | None = None
+    ) -> Any:
+        own_rank, world = rank_and_world()
+        if rank is None:
+            rank = own_rank
+        elif manifest.world_size != world:
+            world = manifest.world_size  # an explicit rank asks for that rank's shard: no warning
         if manifest.world_size != world and not self._warned_resize:
             self._warned_resize = True
             log.warning(

@@ -1,0 +1,102 @@
+"""Real torchrun, real worker processes, gloo on the CPU: `examples/torchrun_elastic.py`."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from preemptible import Checkpointer
+from tests.helpers import assert_same
+from tests.s3servers import free_port
+
+SCRIPT = Path(__file__).parents[2] / "examples" / "torchrun_elastic.py"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+def torchrun(
+    root: Path, *args: str, nproc: int = 2, max_restarts: int = 0
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            TORCHRUN,
+            "--nnodes=1",
+            f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            str(SCRIPT),
+            "--dir",
+            str(root),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def test_a_worker_killed_mid_run_restarts_and_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path):
+    code, out = finish(torchrun(tmp_path / "ref", "--steps", "20"))
+    assert code == 0, out
+    code, out = finish(
+        torchrun(tmp_path / "crash", "--steps", "20", "--crash-at-step", "12", max_restarts=1)
+    )
+    assert code == 0, out
+    assert "attempt 1: world 2, starting at step" in out  # torchrun restarted the group
+    resumed_at = int(re.search(r"attempt 1: world 2, starting at step (\d+)", out).group(1))
+    assert 5 <= resumed_at <= 13
+    ref, crash = Checkpointer(tmp_path / "ref"), Checkpointer(tmp_path / "crash")
+    for rank in (0, 1):
+        assert_same(ref.load(19, rank=rank), crash.load(19, rank=rank), f"rank {rank}")
+
+
+def test_sigterm_to_torchrun_makes_every_worker_checkpoint_the_same_step_and_exit(tmp_path):
+    proc = torchrun(
+        tmp_path / "run", "--steps", "100000", "--step-seconds", "0.02", "--every", "1000"
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("rank 1 step 15 "):
+            break
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code, rest = finish(proc, timeout=60)
+    elapsed = time.monotonic() - sent
+    out = "".join(lines) + rest
+    stops = [int(s) for s in re.findall(r"preempted: checkpointed step (\d+)", out)]
+    assert len(stops) == 2 and stops[0] == stops[1], out  # both ranks, one step
+    latest = Checkpointer(tmp_path / "run").latest()
+    assert latest.step == stops[0] and latest.world_size == 2
+    assert elapsed < 20, f"workers took {elapsed:.1f}s to exit (torchrun kills at 30s)"
+    assert "exitcode  : 143" in out or code != 0
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(tmp_path):
+    root = tmp_path / "run"
+    code, out = finish(torchrun(root, "--steps", "12"))
+    assert code == 0, out
+    saved = Checkpointer(root).load(11)
+    assert saved["data"]["consumed"] == 12 * 8 * 2  # 12 steps, batch 8, 2 ranks
+    for nproc in (1, 2):
+        copy = tmp_path / f"resume-{nproc}"
+        subprocess.run(["cp", "-r", str(root), str(copy)], check=True)
+        code, out = finish(torchrun(copy, "--steps", "20", nproc=nproc))
+        assert code == 0, out
+        assert f"world {nproc}, starting at step 12" in out
+        final = Checkpointer(copy).load(19, rank=0)
+        # The data position continues globally: the new ranks take the samples not yet seen.
+        assert final["data"]["consumed"] == 12 * 8 * 2 + 8 * 8 * nproc
+        assert final["data"]["epoch"] == saved["data"]["epoch"]
+        restored_model = Checkpointer(copy).load(11, rank=0)["model"]
+        assert_same(saved["model"], restored_model)
