@@ -1,0 +1,127 @@
+"""Context and @preemptible in-process: notices are requested programmatically (real signals are
+in tests/integration), exits are SystemExit, and every checkpoint is real, on a temp dir."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from preemptible import Checkpointer, Context, preemptible
+from preemptible.errors import ConfigError
+
+
+def make_train(root, seen: list[int], **options):
+    @preemptible(root, every_steps=100, **options)
+    def train(ctx: Context, total: int = 8, stop_at: int | None = None) -> list[float]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        ctx.register(model=model)
+        for step in ctx.steps(total):
+            seen.append(step)
+            with torch.no_grad():
+                model.weight.add_(torch.randn(1, 3))  # draws from the RNG that is checkpointed
+            if step == stop_at:
+                ctx.guard.request("test")
+        return model.weight.flatten().tolist()
+
+    return train
+
+
+def test_the_decorated_function_returns_its_result_after_a_final_save(tmp_path):
+    seen: list[int] = []
+    result = make_train(tmp_path, seen, async_save=False)(total=10)
+    assert seen == list(range(10)) and len(result) == 3
+    assert [i.step for i in Checkpointer(tmp_path).list()] == [9]
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_notice_saves_the_step_exits_143_and_the_rerun_continues_exactly(tmp_path, async_save):
+    reference = make_train(tmp_path / "ref", [])()
+    seen: list[int] = []
+    train = make_train(tmp_path / "run", seen, async_save=async_save)
+    with pytest.raises(SystemExit) as exit_:
+        train(stop_at=3)
+    assert exit_.value.code == 143 and seen == [0, 1, 2, 3]
+    assert Checkpointer(tmp_path / "run").latest().step == 3
+    seen.clear()
+    assert train() == reference  # bit-exact: same floats
+    assert seen == [4, 5, 6, 7]
+
+
+def test_the_exit_code_can_be_configured(tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        make_train(tmp_path, [], exit_code=3)(stop_at=0)
+    assert exit_.value.code == 3
+
+
+def test_every_steps_saves_after_each_nth_completed_step(tmp_path):
+    seen: list[int] = []
+
+    @preemptible(tmp_path, every_steps=3, keep=None)
+    def train(ctx: Context) -> None:
+        ctx.register(x={"v": torch.zeros(1)})
+        for step in ctx.steps(7):
+            seen.append(step)
+
+    train()
+    assert [i.step for i in Checkpointer(tmp_path).list()] == [2, 5, 6]
+
+
+def test_save_now_saves_at_the_end_of_the_current_step(tmp_path):
+    @preemptible(tmp_path, keep=None, async_save=False)
+    def train(ctx: Context) -> None:
+        ctx.register(x={"v": torch.zeros(1)})
+        for step in ctx.steps(5):
+            if step == 1:
+                ctx.save_now()
+
+    train()
+    assert [i.step for i in Checkpointer(tmp_path).list()] == [1, 4]
+
+
+def test_the_cost_file_is_written_after_saves(tmp_path, monkeypatch):
+    cost_file = tmp_path / "cost" / "cost.json"
+    monkeypatch.setenv("PREEMPTIBLE_COST_FILE", str(cost_file))
+    make_train(tmp_path / "ckpt", [], async_save=False)(total=3)
+    data = json.loads(cost_file.read_text())
+    for field in (
+        "save_seconds_p95",
+        "stall_seconds_p95",
+        "restore_seconds",
+        "bytes",
+        "last_checkpoint_step",
+        "last_checkpoint_time",
+        "samples",
+        "updated_at",
+    ):
+        assert field in data
+    assert data["last_checkpoint_step"] == 2 and data["samples"] == 1 and data["bytes"] > 0
+
+
+def test_register_rejects_the_reserved_key_and_late_registration(tmp_path):
+    ctx = Context(tmp_path)
+    with pytest.raises(ConfigError, match="reserved"):
+        ctx.register(_preemptible={})
+    ctx.register(x={"v": torch.zeros(1)})
+    steps = ctx.steps(2)
+    next(steps)
+    with pytest.raises(ConfigError, match="before steps"):
+        ctx.register(y={})
+    steps.close()
+    ctx.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"interval": "hourly"}, "interval"),
+        ({"every_steps": 0}, "every_steps"),
+        ({"every_seconds": -1}, "every_seconds"),
+        ({"interval": "auto", "every_seconds": 5}, "auto"),
+    ],
+)
+def test_bad_options_are_refused_with_a_message(tmp_path, options, needle):
+    with pytest.raises(ConfigError, match=needle):
+        Context(tmp_path, **options)
