@@ -99,6 +99,7 @@ class _Cycle:
         self.fs_cache: dict[str, float] = {}
         self.failed: list[tuple[str, int, int]] = []
         self.cost_cache: dict[str, tuple[tuple, float, float]] = {}
+        self.rerun = False
         self.candidate_cache: dict[tuple, list] = {}
 
     # --- orchestration ------------------------------------------------------------------------
@@ -115,6 +116,7 @@ class _Cycle:
             fragmentation=self._fragmentation(),
             examined=self.examined,
             failed_preemptions=tuple(self.failed),
+            rerun=self.rerun and bool(self.admits),
         )
 
     def _nominated_first(self) -> None:
@@ -218,12 +220,24 @@ class _Cycle:
             depth[gkey] = depth.get(gkey, 0) + 1
             return "next" if depth[gkey] < settings.backfill_depth else "skip"
         # It does not fit now.
-        if self.plans_left > 0 and job.id not in self.st.nominated and self._maybe_preempt(job):
+        if (
+            self.plans_left > 0
+            and job.id not in self.st.nominated
+            and self._maybe_preempt(job, verdict)
+        ):
             return "skip"
         if self.policy.head_of_line:
             self.reasons[job.id] = self._blocked_reason(job, verdict)
             return "stop"
-        if self.policy.backfill and self.config.policy.backfill and self.reservation is None:
+        if (
+            self.policy.backfill
+            and self.config.policy.backfill
+            and self.reservation is None
+            and (
+                not self.policy.reserve_only_starving
+                or (verdict is not QuotaVerdict.BORROWING and self._starving(job))
+            )
+        ):
             self._reserve(job, verdict)
             return "skip"
         self.reasons[job.id] = self._blocked_reason(job, verdict)
@@ -309,13 +323,17 @@ class _Cycle:
         self.reasons[job.id] = reason
         self.reserves.append(Reserve(job_id=job.id, start_at=res.start_at, reason=reason))
 
-    def _maybe_preempt(self, job: Job) -> bool:
+    def _maybe_preempt(self, job: Job, verdict: QuotaVerdict) -> bool:
         key = (job.queue, job.tier.rank, job.request.gpus)
-        if self.st.preemption_backoff.get(key, -INF) > self.now:
-            return False
-        for queue, rank, gpus in self.failed:  # a smaller job of this kind found nothing
-            if queue == key[0] and rank == key[1] and gpus <= key[2]:
+        # Backing off is for tier preemption only: a job within nominal quota must be able to
+        # reclaim as soon as capacity it is owed is held by borrowers (the one-grace guarantee).
+        guaranteed = self.policy.reclaim and verdict is QuotaVerdict.WITHIN_NOMINAL
+        if not guaranteed:
+            if self.st.preemption_backoff.get(key, -INF) > self.now:
                 return False
+            for queue, rank, gpus in self.failed:  # a smaller job of this kind found nothing
+                if queue == key[0] and rank == key[1] and gpus <= key[2]:
+                    return False
         self.plans_left -= 1
         plan = find_victims(
             job,
@@ -332,7 +350,10 @@ class _Cycle:
             candidate_cache=self.candidate_cache,
         )
         if plan is None:
-            self.failed.append(key)
+            if not guaranteed:
+                self.failed.append(key)
+            else:
+                self.rerun = True
             return False
         names = []
         for v in plan.victims:
@@ -413,6 +434,13 @@ class _Cycle:
                 return (-job.tier.rank, _STARVING + job.submitted_at)
             credit = settings.aging_max_units
         return (-job.tier.rank, self._fair_share(job) - credit)
+
+    def _starving(self, job: Job) -> bool:
+        """Waited past the aging cap while its queue is below its fair share."""
+        settings = self.config.policy
+        if self.now - job.submitted_at < settings.aging_s * settings.aging_max_units:
+            return False
+        return self._fair_share(job, after=False) < 1.0
 
     def _fair_share(self, job: Job, *, after: bool = True) -> float:
         """The queue's fair-share value as it would be with `job` admitted (DRF's "after" view).

@@ -257,6 +257,9 @@ class CycleResult:
     """How many pending jobs the cycle looked at."""
     failed_preemptions: tuple[tuple[str, int, int], ...] = ()
     """(queue, tier rank, gpus) whose victim search found nothing; the shell may back off."""
+    rerun: bool = False
+    """A job within nominal quota found no victims although jobs were admitted in this cycle
+    (they may be reclaimable once started): the shell should run another cycle right away."""
 
     def reason_for(self, job_id: str) -> str:
         """Why a job is pending (or what happened to it) after this cycle."""

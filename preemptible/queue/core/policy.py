@@ -59,6 +59,9 @@ class Policy:
     """How victims are chosen."""
     backfill: bool = False
     """Reserve capacity for the first blocked job and backfill behind it."""
+    reserve_only_starving: bool = False
+    """Reserve only for a starving job (see cycle.py); others skip ahead like kueue's
+    BestEffortFIFO, so a big job blocks nobody until it has waited past the aging cap."""
     head_of_line: bool = False
     """Stop at the first job that does not fit (strict order)."""
     protect_min_runtime: bool = False
@@ -94,6 +97,7 @@ POLICIES: dict[str, Policy] = {
         tier_preemption_across_queues=True,
         victim_order=VictimOrder.LEAST_LOST_WORK,
         backfill=True,
+        reserve_only_starving=True,
         protect_min_runtime=True,
         anti_thrashing=True,
         negotiated_grace=True,

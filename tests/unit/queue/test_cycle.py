@@ -159,8 +159,32 @@ def test_a_borrowers_reservation_never_holds_back_work_within_nominal_quota():
         job("b-long", queue="b", gpus=1, at=1, estimate=7200.0),
     ]
     r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, OURS, cfg)
-    assert r.reserve[0].job_id == "a-head"
+    assert r.reserve == ()  # ours reserves only for starving jobs within nominal quota
     assert admitted(r) == ["b-long"] and not r.admit[0].backfill
+    # EASY backfill (slurm) reserves for the first blocked job whatever its quota
+    slurm = schedule(
+        snapshot(cfg, pending=pending, running_jobs=busy), 100.0, POLICIES["slurm"], cfg
+    )
+    assert slurm.reserve[0].job_id == "a-head"
+
+
+def test_a_starving_job_gets_the_reservation_and_is_not_overtaken():
+    cfg = config(
+        gpus=4,
+        queues={"a": (1.0, 4, INF), "b": (1.0, 0, INF)},
+        policy={"aging": "1h", "aging_max_units": 2},
+        preemption={"enabled": False},
+    )
+    busy = [running(job("x", queue="b", gpus=2, tier="normal", estimate=3600.0), started=0.0)]
+    pending = [
+        job("big", queue="a", gpus=4, at=0.0, estimate=600.0),
+        job("small", queue="b", gpus=1, at=7000.0, estimate=36000.0),
+    ]
+    fresh = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 3600.0, OURS, cfg)
+    assert fresh.reserve == () and admitted(fresh) == ["small"]  # not starving yet: skip ahead
+    late = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 7300.0, OURS, cfg)
+    assert [r.job_id for r in late.reserve] == ["big"]
+    assert admitted(late) == [] and "would delay the reservation of big" in late.reason_for("small")
 
 
 def test_without_backfill_setting_no_reservation_is_made():
