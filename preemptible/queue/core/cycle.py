@@ -100,6 +100,8 @@ class _Cycle:
         self.failed: list[tuple[str, int, int]] = []
         self.cost_cache: dict[str, tuple[tuple, float, float]] = {}
         self.rerun = False
+        self.failed_here: list[tuple[str, int, int]] = []
+        """Failed victim searches of this cycle (for any reason); `failed` is what backs off."""
         self.candidate_cache: dict[tuple, list] = {}
 
     # --- orchestration ------------------------------------------------------------------------
@@ -328,12 +330,11 @@ class _Cycle:
         # Backing off is for tier preemption only: a job within nominal quota must be able to
         # reclaim as soon as capacity it is owed is held by borrowers (the one-grace guarantee).
         guaranteed = self.policy.reclaim and verdict is QuotaVerdict.WITHIN_NOMINAL
-        if not guaranteed:
-            if self.st.preemption_backoff.get(key, -INF) > self.now:
+        if not guaranteed and self.st.preemption_backoff.get(key, -INF) > self.now:
+            return False
+        for queue, rank, gpus in self.failed_here:  # a smaller job of this kind found nothing
+            if queue == key[0] and rank == key[1] and gpus <= key[2]:
                 return False
-            for queue, rank, gpus in self.failed:  # a smaller job of this kind found nothing
-                if queue == key[0] and rank == key[1] and gpus <= key[2]:
-                    return False
         self.plans_left -= 1
         plan = find_victims(
             job,
@@ -350,6 +351,7 @@ class _Cycle:
             candidate_cache=self.candidate_cache,
         )
         if plan is None:
+            self.failed_here.append(key)
             if not guaranteed:
                 self.failed.append(key)
             else:

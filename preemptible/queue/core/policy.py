@@ -97,7 +97,6 @@ POLICIES: dict[str, Policy] = {
         tier_preemption_across_queues=True,
         victim_order=VictimOrder.LEAST_LOST_WORK,
         backfill=True,
-        reserve_only_starving=True,
         protect_min_runtime=True,
         anti_thrashing=True,
         negotiated_grace=True,

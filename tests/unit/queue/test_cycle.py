@@ -1,6 +1,7 @@
 """One test (or table) per rule of the cycle."""
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -159,16 +160,12 @@ def test_a_borrowers_reservation_never_holds_back_work_within_nominal_quota():
         job("b-long", queue="b", gpus=1, at=1, estimate=7200.0),
     ]
     r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, OURS, cfg)
-    assert r.reserve == ()  # ours reserves only for starving jobs within nominal quota
+    assert r.reserve[0].job_id == "a-head"
     assert admitted(r) == ["b-long"] and not r.admit[0].backfill
-    # EASY backfill (slurm) reserves for the first blocked job whatever its quota
-    slurm = schedule(
-        snapshot(cfg, pending=pending, running_jobs=busy), 100.0, POLICIES["slurm"], cfg
-    )
-    assert slurm.reserve[0].job_id == "a-head"
 
 
-def test_a_starving_job_gets_the_reservation_and_is_not_overtaken():
+def test_reserve_only_starving_lets_others_skip_ahead_until_the_head_starves():
+    policy = dataclasses.replace(OURS, reserve_only_starving=True)
     cfg = config(
         gpus=4,
         queues={"a": (1.0, 4, INF), "b": (1.0, 0, INF)},
@@ -180,9 +177,9 @@ def test_a_starving_job_gets_the_reservation_and_is_not_overtaken():
         job("big", queue="a", gpus=4, at=0.0, estimate=600.0),
         job("small", queue="b", gpus=1, at=7000.0, estimate=36000.0),
     ]
-    fresh = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 3600.0, OURS, cfg)
+    fresh = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 3600.0, policy, cfg)
     assert fresh.reserve == () and admitted(fresh) == ["small"]  # not starving yet: skip ahead
-    late = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 7300.0, OURS, cfg)
+    late = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 7300.0, policy, cfg)
     assert [r.job_id for r in late.reserve] == ["big"]
     assert admitted(late) == [] and "would delay the reservation of big" in late.reason_for("small")
 
