@@ -100,6 +100,14 @@ class _Cycle:
         self.failed: list[tuple[str, int, int]] = []
         self.cost_cache: dict[str, tuple[tuple, float, float]] = {}
         self.rerun = False
+        window = config.preemption.grace_max_s + 60.0
+        claimed = sum(
+            st.pending[j].request.gpus
+            for j, at in st.nominated.items()
+            if j in st.pending and now - at <= window
+        )
+        self.incoming = max(0, st.terminating_gpus - claimed)
+        """GPUs that preempted jobs will free soon and no nominated job has claimed."""
         self.failed_here: list[tuple[str, int, int]] = []
         """Failed victim searches of this cycle (for any reason); `failed` is what backs off."""
         self.candidate_cache: dict[tuple, list] = {}
@@ -335,6 +343,11 @@ class _Cycle:
         for queue, rank, gpus in self.failed_here:  # a smaller job of this kind found nothing
             if queue == key[0] and rank == key[1] and gpus <= key[2]:
                 return False
+        if self.policy.anti_thrashing and 0 < job.request.gpus <= self.incoming:
+            # Capacity already being freed by earlier preemptions covers it: do not preempt more.
+            self.incoming -= job.request.gpus
+            self.reasons[job.id] = "pending: waiting for capacity that preempted jobs are freeing"
+            return True
         self.plans_left -= 1
         plan = find_victims(
             job,
@@ -382,6 +395,8 @@ class _Cycle:
                     reason=f"{why}; expected loss {v.lost_gpu_s:.0f} GPU-s",
                 )
             )
+        freed = sum(v.running.job.request.gpus for v in plan.victims)
+        self.incoming += max(0, freed + max(0, int(self.free[0])) - job.request.gpus)
         # Hold what is free now for the preemptor so nobody else takes it meanwhile.
         req = job.request.as_tuple()
         for i in range(3):

@@ -67,6 +67,8 @@ class ClusterState:
         self.alloc: dict[str, list[float]] = {name: [0, 0.0, 0.0] for name in self.queues}
         """Per queue: GPUs, CPUs, memory held (terminating jobs included)."""
         self.used: list[float] = [0, 0.0, 0.0]
+        self.terminating_gpus = 0
+        """GPUs held by jobs that were told to go and have not exited yet."""
         self.tier_gpus: list[int] = [0, 0, 0, 0]
         """GPUs held by non-terminating running jobs, per tier rank."""
         self.pool: NodePool | None = (
@@ -126,6 +128,8 @@ class ClusterState:
         self.used[2] += r.memory_gb
         if not running.terminating:
             self.tier_gpus[job.tier.rank] += r.gpus
+        else:
+            self.terminating_gpus += r.gpus
         if self.pool is not None:
             self.pool.take(running.placement)
             for node, _ in running.placement:
@@ -148,6 +152,7 @@ class ClusterState:
         self.running[job_id] = updated
         self.running_by_queue[running.job.queue][job_id] = updated
         self.tier_gpus[running.job.tier.rank] -= running.job.request.gpus
+        self.terminating_gpus += running.job.request.gpus
         self._move_end(job_id, expected_end)
 
     def finish(self, job_id: str) -> RunningJob:
@@ -165,6 +170,8 @@ class ClusterState:
         self.used[2] -= r.memory_gb
         if not running.terminating:
             self.tier_gpus[job.tier.rank] -= r.gpus
+        else:
+            self.terminating_gpus -= r.gpus
         if self.pool is not None:
             self.pool.give(running.placement)
             for node, _ in running.placement:

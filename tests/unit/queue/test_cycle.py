@@ -350,3 +350,16 @@ def test_the_cycle_does_not_change_its_snapshot(policy):
     before = state_digest(snap)
     schedule(snap, 5000.0, POLICIES[policy], cfg)
     assert state_digest(snap) == before
+
+
+def test_capacity_already_being_freed_is_used_before_preempting_more():
+    cfg = config(gpus=8, queues={"a": (1.0, 0, INF), "b": (1.0, 8, INF)})
+    borrowers = [running(job(f"a{i}", queue="a", gpus=2), started=0.0) for i in range(4)]
+    pending = [job("b0", queue="b", gpus=1, at=0.0), job("b1", queue="b", gpus=1, tier="low")]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=borrowers), 100.0, OURS, cfg)
+    assert len(r.preempt) == 1 and r.preempt[0].for_job == "b0"
+    assert r.reason_for("b1") == "pending: waiting for capacity that preempted jobs are freeing"
+    kueue = schedule(
+        snapshot(cfg, pending=pending, running_jobs=borrowers), 100.0, POLICIES["kueue"], cfg
+    )
+    assert len(kueue.preempt) == 2  # the baseline preempts again for the second job
