@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from preemptible.env import seconds_from_env
 from preemptible.errors import ConfigError
 
 GRACE_ENV = "PREEMPTIBLE_GRACE_SECONDS"
@@ -81,8 +82,8 @@ def discover_grace(env: Mapping[str, str], *, runner: Runner | None = None) -> G
     Raises:
         ConfigError: A ``PREEMPTIBLE_*`` variable is set to something that is not a duration.
     """
-    explicit = _seconds_var(env, GRACE_ENV)
-    pod = _seconds_var(env, POD_GRACE_ENV)  # validated even when unused: a typo fails early
+    explicit = seconds_from_env(env, GRACE_ENV)
+    pod = seconds_from_env(env, POD_GRACE_ENV)  # validated even when unused: a typo fails early
     if explicit is not None:
         return Grace(seconds=explicit, source=GRACE_ENV)
     if env.get("SLURM_JOB_ID"):
@@ -191,17 +192,6 @@ def _slurm_signal_seconds(env: Mapping[str, str]) -> float | None:
         return _finite_non_negative(value, SLURM_SIGNAL_ENV, raw)
     sbatch = env.get("SBATCH_SIGNAL")
     return parse_signal_spec(sbatch) if sbatch else None
-
-
-def _seconds_var(env: Mapping[str, str], name: str) -> float | None:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds (e.g. {name}=120)") from None
-    return _finite_non_negative(value, name, raw)
 
 
 def _finite_non_negative(value: float, name: str, raw: str) -> float:

@@ -88,7 +88,7 @@ class RunEnv:
         shutdown: float | None = None
         handled: tuple[signal.Signals, ...] = ()
         if under_torchrun:
-            shutdown = _duration(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+            shutdown = seconds_from_env(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
             if shutdown is None:
                 shutdown = TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT_SECS
             raw = env.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
@@ -211,14 +211,19 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigError(f"{name}={raw!r} is not an integer") from None
 
 
-def _duration(env: Mapping[str, str], name: str) -> float | None:
+def seconds_from_env(env: Mapping[str, str], name: str) -> float | None:
+    """A duration in seconds from ``env[name]`` (None if unset or blank).
+
+    Raises:
+        ConfigError: the value is not a finite number >= 0; the message names the variable.
+    """
     raw = env.get(name)
     if raw is None or not raw.strip():
         return None
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds (e.g. {name}=120)") from None
     if not math.isfinite(value) or value < 0:
         raise ConfigError(f"{name}={raw!r} must be a finite number of seconds >= 0")
     return value

@@ -19,6 +19,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from preemptible.env import seconds_from_env
 from preemptible.errors import ConfigError
 
 MTBF_ENV = "PREEMPTIBLE_MTBF_SECONDS"
@@ -54,15 +55,11 @@ class SaveSchedule:
     def resolved_mtbf(self) -> float:
         if self.mtbf_seconds is not None:
             return self.mtbf_seconds
-        raw = os.environ.get(MTBF_ENV)
-        if raw is None:
+        value = seconds_from_env(os.environ, MTBF_ENV)
+        if value is None:
             return DEFAULT_MTBF_SECONDS
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(f"{MTBF_ENV}={raw!r} is not a number of seconds") from None
-        if value <= 0:
-            raise ConfigError(f"{MTBF_ENV} must be > 0, got {raw!r}")
+        if value == 0:
+            raise ConfigError(f"{MTBF_ENV} must be > 0 seconds")
         return value
 
     def interval_seconds(self, stall_p95: float | None) -> float | None:

@@ -1,7 +1,8 @@
 """Atomic, verifiable checkpoints on any fsspec filesystem (DESIGN.md §3)."""
 
 from preemptible.checkpoint.async_save import AsyncMode, SaveHandle
-from preemptible.checkpoint.manager import Checkpointer, CheckpointInfo, IgnoredDir, VerifyReport
+from preemptible.checkpoint.manager import Checkpointer
+from preemptible.checkpoint.records import CheckpointInfo, IgnoredDir, VerifyReport
 from preemptible.checkpoint.stats import CheckpointCost, Summary
 from preemptible.checkpoint.storage import CommitMode
 

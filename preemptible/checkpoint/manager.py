@@ -19,13 +19,11 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 import torch
-import torch.distributed as dist
 
 from preemptible._version import __version__
 from preemptible.checkpoint import io
@@ -40,6 +38,7 @@ from preemptible.checkpoint.async_save import (
     fork_supported,
     state_bytes,
 )
+from preemptible.checkpoint.collective import write_collectively
 from preemptible.checkpoint.inspect import Leaf, leaves
 from preemptible.checkpoint.manifest import (
     MANIFEST_NAME,
@@ -50,6 +49,8 @@ from preemptible.checkpoint.manifest import (
     parse_step_dirname,
     step_dirname,
 )
+from preemptible.checkpoint.records import CheckpointInfo, IgnoredDir, VerifyReport
+from preemptible.checkpoint.restore import apply_loaded
 from preemptible.checkpoint.retention import steps_to_delete
 from preemptible.checkpoint.serialize import Flattened, flatten, unflatten
 from preemptible.checkpoint.stats import CheckpointCost, CostTracker
@@ -63,51 +64,12 @@ from preemptible.errors import (
     PreemptibleError,
     PreemptibleWarning,
     SaveInProgressError,
-    StateMismatchError,
     StorageError,
 )
 
 log = logging.getLogger("preemptible.checkpoint")
 
 DEFAULT_SHARD_BYTES = 128 << 20
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CheckpointInfo:
-    """A committed checkpoint, as its manifest describes it."""
-
-    step: int
-    url: str
-    created_at: float
-    bytes: int
-    save_seconds: float
-    world_size: int
-    files: int
-    writer: str = ""
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class IgnoredDir:
-    """A directory under the root that is not a committed checkpoint, and why."""
-
-    name: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class VerifyReport:
-    """The outcome of checking one checkpoint's files against its manifest."""
-
-    step: int
-    url: str
-    problems: list[str]
-    files_checked: int
-    bytes_checked: int
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
 
 class Checkpointer:
@@ -377,9 +339,22 @@ class Checkpointer:
         group: Any = None,
     ) -> CheckpointInfo:
         if group is not None:
-            return self._info(
-                *self._write_collectively(step, flat, metadata, started, devices, group)
+
+            def manifest(files: dict[str, FileRecord], state_files: list[str]) -> Manifest:
+                return self._manifest(step, started, files, state_files[0], metadata, state_files)
+
+            written = write_collectively(
+                self._storage,
+                step,
+                flat,
+                group=group,
+                shard_bytes=self.shard_bytes,
+                max_workers=self.max_workers,
+                devices=devices,
+                build_manifest=manifest,
+                commit=self._commit,
             )
+            return self._info(*written)
         return self._info(*self._write_and_commit(step, flat, metadata, started, devices))
 
     def _manifest(
@@ -403,87 +378,6 @@ class Checkpointer:
             versions=_versions(),
             metadata=metadata,
         )
-
-    def _write_collectively(
-        self,
-        step: int,
-        flat: Flattened,
-        metadata: dict[str, Any],
-        started: float,
-        devices: list[str] | None,
-        group: Any,
-    ) -> tuple[str, Manifest]:
-        """Every rank writes its own files; rank 0 commits one manifest once all are durable.
-
-        Every rank runs the same collectives whatever fails, so an error on one rank becomes a
-        `StorageError` on all of them instead of a hang.
-        """
-        storage = self._storage
-        rank, world = rank_and_world()
-        step_dir = step_dirname(step)
-        # 1. Rank 0 opens the staging area and tells the others where it is.
-        opened: list[Any] = [None, None]
-        staging = None
-        if rank == 0:
-            try:
-                staging = storage.begin(step_dir, step, uuid.uuid4().hex[:12])
-                opened = [[staging.dirname, staging.nonce], None]
-            except Exception as e:
-                opened = [None, repr(e)]
-        dist.broadcast_object_list(opened, src=0, group=group)
-        if opened[1] is not None:
-            raise StorageError(f"saving step {step}: rank 0 could not start the save: {opened[1]}")
-        if staging is None:
-            staging = Staging(step=step, dirname=opened[0][0], nonce=opened[0][1])
-        # 2. Every rank writes its shard.
-        mine: Any
-        try:
-            written = io.write_state(
-                storage,
-                staging,
-                flat,
-                shard_bytes=self.shard_bytes,
-                max_workers=self.max_workers,
-                devices=devices,
-                prefix=f"rank{rank:05d}-",
-            )
-            mine = {
-                "files": {n: [r.size, r.crc32c] for n, r in written.files.items()},
-                "state": written.state_file,
-            }
-        except Exception as e:
-            mine = {"error": f"rank {rank}: {e!r}", "files": {n: [0, 0] for n in staging.written}}
-        shards: list[Any] = [None] * world
-        dist.all_gather_object(shards, mine, group=group)
-        # 3. Rank 0 commits (or aborts) and tells everyone the outcome.
-        outcome: list[Any] = [None]
-        if rank == 0:
-            errors = [s["error"] for s in shards if "error" in s]
-            try:
-                if errors:
-                    raise StorageError("; ".join(errors))
-                files = {
-                    n: FileRecord(size=v[0], crc32c=v[1])
-                    for s in shards
-                    for n, v in s["files"].items()
-                }
-                state_files = [s["state"] for s in shards]
-                manifest = self._manifest(
-                    step, started, files, state_files[0], metadata, state_files
-                )
-                outcome = [("ok", self._commit(staging, step_dir, manifest).to_bytes().decode())]
-            except Exception as e:
-                staging.written = [n for s in shards for n in s["files"]]
-                _best_effort(storage.abort, staging)
-                outcome = [("error", str(e))]
-        dist.broadcast_object_list(outcome, src=0, group=group)
-        kind, body = outcome[0]
-        if kind != "ok":
-            raise StorageError(
-                f"saving step {step} to {storage.describe(step_dir)} failed: {body}. Nothing was "
-                "committed and earlier checkpoints are untouched"
-            )
-        return step_dir, Manifest.from_bytes(body.encode())
 
     def _write_and_commit(
         self,
@@ -668,7 +562,7 @@ class Checkpointer:
         if result is None:
             return None
         loaded_step, data = result
-        _apply(state, data, "state", loaded_step)
+        apply_loaded(state, data, "state", loaded_step)
         self._cost.record_restore(time.perf_counter() - started)
         return loaded_step
 
@@ -862,51 +756,6 @@ class Checkpointer:
             raise
         except OSError as e:
             raise StorageError(f"{what} {self.url} failed: {e!r}") from e
-
-
-def _apply(target: Any, loaded: Any, path: str, step: int) -> None:
-    """Load ``loaded`` into ``target`` in place (DCP semantics, recursive for dicts)."""
-    if _has_load_state_dict(target):
-        target.load_state_dict(loaded)
-        return
-    if not isinstance(target, MutableMapping):
-        raise StateMismatchError(
-            f"{path}: restore() needs a dict (or an object with load_state_dict) to load into, "
-            f"got {type(target).__name__}; use load() to get the checkpoint as plain data"
-        )
-    if not isinstance(loaded, Mapping):
-        raise StateMismatchError(
-            f"{path}: checkpoint step {step} holds a {type(loaded).__name__} here, not a dict"
-        )
-    missing = [k for k in target if k not in loaded]
-    if missing:
-        raise StateMismatchError(
-            f"{path}: checkpoint step {step} has no {missing!r} "
-            f"(it has {sorted(map(str, loaded))}). Restore with the same keys as when it was "
-            "saved, or use load() and pick what you need"
-        )
-    for key, live in target.items():
-        value, where = loaded[key], f"{path}.{key}"
-        if _has_load_state_dict(live):
-            live.load_state_dict(value)
-        elif isinstance(live, torch.Tensor) and isinstance(value, torch.Tensor):
-            if live.shape != value.shape or live.dtype != value.dtype:
-                raise StateMismatchError(
-                    f"{where}: live tensor is {tuple(live.shape)} {live.dtype}, checkpoint step "
-                    f"{step} has {tuple(value.shape)} {value.dtype}"
-                )
-            with torch.no_grad():
-                live.copy_(value)
-        elif isinstance(live, MutableMapping) and isinstance(value, Mapping):
-            _apply(live, value, where, step)
-        else:
-            target[key] = value
-
-
-def _has_load_state_dict(obj: Any) -> bool:
-    return not isinstance(obj, Mapping | torch.Tensor) and callable(
-        getattr(obj, "load_state_dict", None)
-    )
 
 
 def _check_step(step: Any) -> None:
