@@ -1,9 +1,10 @@
 """A save by every rank of a torch.distributed job: per-rank files, one manifest.
 
-Each rank writes its own state (model shards, optimizer, RNG, data position) into the same
-staging area; rank 0 commits a single manifest listing every rank's files only after all ranks
-report theirs durable. Every rank runs the same collectives whatever fails, so one rank's error
-becomes a `StorageError` on all ranks instead of a hang. The collectives run on a dedicated gloo
+Each rank writes its own state (optimizer, RNG, data position, replicated tensors) into the
+same staging area, and sharded tensors (DTensors) go through torch.distributed.checkpoint into
+its ``dcp/`` directory; rank 0 commits a single manifest listing every rank's files only after
+all ranks report theirs durable. Every rank runs the same collectives whatever fails, so one
+rank's error becomes a `StorageError` on all ranks instead of a hang. They run on a dedicated gloo
 group (see `preemptible.elastic`); their payloads are our own file records, not checkpoint data.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from preemptible.checkpoint import io
+from preemptible.checkpoint import io, sharded
 from preemptible.checkpoint.manifest import FileRecord, Manifest, step_dirname
 from preemptible.checkpoint.serialize import Flattened
 from preemptible.checkpoint.storage import CheckpointStorage, Staging
@@ -35,6 +36,7 @@ def write_collectively(
     devices: list[str] | None,
     build_manifest: Callable[[dict[str, FileRecord], list[str]], Manifest],
     commit: Callable[[Staging, str, Manifest], Manifest],
+    sharded_dir: Callable[[Staging], str] | None = None,
 ) -> tuple[str, Manifest]:
     """All ranks call this for the same step; returns the committed step directory and manifest."""
     rank, world = rank_and_world()
@@ -65,8 +67,13 @@ def write_collectively(
             devices=devices,
             prefix=f"rank{rank:05d}-",
         )
+        files = dict(written.files)
+        if flat.sharded:
+            assert sharded_dir is not None, "the manager checks where sharded tensors can go"
+            for name in sharded.save(sharded_dir(staging), flat.sharded, group):
+                files[name] = io.file_record(storage, staging.dirname, name)
         mine = {
-            "files": {n: [r.size, r.crc32c] for n, r in written.files.items()},
+            "files": {n: [r.size, r.crc32c] for n, r in files.items()},
             "state": written.state_file,
         }
     except Exception as e:

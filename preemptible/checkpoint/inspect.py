@@ -54,6 +54,8 @@ def _walk(node: Any, entries: list[ArrayEntry], key: str, out: list[Leaf]) -> No
         e = entries[node["id"]]
         kind = {"tensor": "tensor", "ndarray": "ndarray", "npscalar": "numpy scalar"}[tag]
         out.append(Leaf(key=key, kind=kind, dtype=e.dtype, shape=e.shape, nbytes=e.nbytes))
+    elif tag == "dtensor":
+        out.append(Leaf(key=key, kind="dtensor", value="sharded (torch.distributed.checkpoint)"))
     elif tag in ("tuple",):
         for i, v in enumerate(node["items"]):
             _walk(v, entries, f"{key}[{i}]", out)

@@ -200,6 +200,16 @@ def check_file(
     return None
 
 
+def file_record(storage: CheckpointStorage, dirname: str, name: str) -> FileRecord:
+    """Size and CRC32C of a file another writer produced (DCP's), read back once."""
+    crc, size = 0, 0
+    with storage.open_read(dirname, name) as f:
+        while chunk := f.read(_VERIFY_CHUNK):
+            crc = crc32c.crc32c(chunk, crc)
+            size += len(chunk)
+    return FileRecord(size=size, crc32c=crc)
+
+
 def _read_exactly(f: BinaryIO, view: memoryview) -> int:
     total = 0
     while total < len(view):

@@ -42,6 +42,7 @@ from preemptible.checkpoint.collective import write_collectively
 from preemptible.checkpoint.inspect import Leaf, leaves
 from preemptible.checkpoint.manifest import (
     MANIFEST_NAME,
+    SHARDED_DIR,
     TMP_PREFIX,
     TRASH_PREFIX,
     FileRecord,
@@ -52,9 +53,15 @@ from preemptible.checkpoint.manifest import (
 from preemptible.checkpoint.records import CheckpointInfo, IgnoredDir, VerifyReport
 from preemptible.checkpoint.restore import apply_loaded
 from preemptible.checkpoint.retention import steps_to_delete
-from preemptible.checkpoint.serialize import Flattened, flatten, unflatten
+from preemptible.checkpoint.serialize import Flattened, flatten, sharded_keys, unflatten
 from preemptible.checkpoint.stats import CheckpointCost, CostTracker
-from preemptible.checkpoint.storage import CheckpointStorage, CommitMode, Staging, open_storage
+from preemptible.checkpoint.storage import (
+    CheckpointStorage,
+    CommitMode,
+    LocalStorage,
+    Staging,
+    open_storage,
+)
 from preemptible.elastic import gloo_group, is_distributed, rank_and_world
 from preemptible.errors import (
     CheckpointCorruptedError,
@@ -195,9 +202,27 @@ class Checkpointer:
         meta = dict(metadata or {})
         # All ranks call save() at the same step, in the main thread: the place to make groups.
         group = gloo_group("checkpoint") if is_distributed() else None
+        if flat.sharded:
+            group = self._prepare_sharded(flat, group)
+            blocking = True  # DCP runs collectives of its own; not from a background thread
         if blocking:
             return self._save_now(step, flat, meta, started, group)
         return self._save_in_background(step, flat, meta, started, group)
+
+    def _prepare_sharded(self, flat: Flattened, group: Any) -> Any:
+        if not isinstance(self._storage, LocalStorage):
+            raise ConfigError(
+                f"sharded tensors ({', '.join(list(flat.sharded)[:3])}) are saved through "
+                "torch.distributed.checkpoint, which this version supports on local or shared "
+                f"POSIX filesystems only, not {self.url}"
+            )
+        if group is None:  # one rank: still the collective path, for DCP's files
+            group = gloo_group("checkpoint")
+        return group
+
+    def _sharded_dir(self, staging: Staging) -> str:
+        assert isinstance(self._storage, LocalStorage)
+        return os.path.join(self._storage.root, staging.dirname, SHARDED_DIR)
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for the save in flight, if any; returns its info or raises its error.
@@ -353,6 +378,7 @@ class Checkpointer:
                 devices=devices,
                 build_manifest=manifest,
                 commit=self._commit,
+                sharded_dir=self._sharded_dir,
             )
             return self._info(*written)
         return self._info(*self._write_and_commit(step, flat, metadata, started, devices))
@@ -558,7 +584,8 @@ class Checkpointer:
             StateMismatchError: ``state`` has keys the checkpoint lacks, or shapes differ.
         """
         started = time.perf_counter()
-        result = self._load_with_fallback(step, map_location)
+        # Sharded tensors load in place into the live ones, laid out for this job (resharding).
+        result = self._load_with_fallback(step, map_location, live=lambda: flatten(state).sharded)
         if result is None:
             return None
         loaded_step, data = result
@@ -567,14 +594,20 @@ class Checkpointer:
         return loaded_step
 
     def _load_with_fallback(
-        self, step: int | None, map_location: Any, rank: int | None = None
+        self,
+        step: int | None,
+        map_location: Any,
+        rank: int | None = None,
+        live: Callable[[], dict[str, Any]] | None = None,
     ) -> tuple[int, Any] | None:
         if step is not None:
             dirname, manifest = self._committed_or_raise(step)
-            return step, self._load_manifest(dirname, manifest, map_location, rank)
+            return step, self._load_manifest(dirname, manifest, map_location, rank, live)
         for dirname, manifest in reversed(self._scan()[0]):
             try:
-                return manifest.step, self._load_manifest(dirname, manifest, map_location, rank)
+                return manifest.step, self._load_manifest(
+                    dirname, manifest, map_location, rank, live
+                )
             except (CheckpointCorruptedError, CheckpointFormatError) as e:
                 warnings.warn(
                     f"skipping checkpoint step {manifest.step}: {e}",
@@ -584,7 +617,12 @@ class Checkpointer:
         return None
 
     def _load_manifest(
-        self, dirname: str, manifest: Manifest, map_location: Any, rank: int | None = None
+        self,
+        dirname: str,
+        manifest: Manifest,
+        map_location: Any,
+        rank: int | None = None,
+        live: Callable[[], dict[str, Any]] | None = None,
     ) -> Any:
         own_rank, world = rank_and_world()
         if rank is None:
@@ -595,7 +633,7 @@ class Checkpointer:
             self._warned_resize = True
             log.warning(
                 "checkpoint step %d was written by %d ranks, restoring on %d: each rank loads the "
-                "state of rank (its rank mod %d); sharded tensors are not resharded by this path",
+                "state of rank (its rank mod %d); sharded tensors (DTensor) are resharded by DCP",
                 manifest.step,
                 manifest.world_size,
                 world,
@@ -612,7 +650,8 @@ class Checkpointer:
                 max_workers=self.max_workers,
                 map_location=map_location,
             )
-            return unflatten(tree, arrays.__getitem__)
+            loaded = self._load_sharded(dirname, manifest, tree, live)
+            return unflatten(tree, arrays.__getitem__, loaded.__getitem__)
 
         try:
             return read()
@@ -629,6 +668,39 @@ class Checkpointer:
             raise
         except OSError as e:
             raise StorageError(f"reading {self._storage.describe(dirname)} failed: {e!r}") from e
+
+    def _load_sharded(
+        self,
+        dirname: str,
+        manifest: Manifest,
+        tree: Any,
+        live: Callable[[], dict[str, Any]] | None,
+    ) -> dict[str, Any]:
+        """Load the checkpoint's sharded tensors: into the live DTensors, else as full tensors."""
+        keys = sharded_keys(tree)
+        if not keys:
+            return {}
+        if not isinstance(self._storage, LocalStorage):
+            raise CheckpointFormatError("sharded tensors can be loaded from POSIX paths only")
+        for name, record in manifest.files.items():  # DCP checks nothing: we check first
+            if name.startswith(f"{SHARDED_DIR}/"):
+                problem = io.check_file(self._storage, dirname, name, record)
+                if problem:
+                    raise CheckpointCorruptedError(
+                        f"checkpoint step {manifest.step} is corrupted: {name}: {problem}",
+                        step=manifest.step,
+                        problems=[f"{name}: {problem}"],
+                    )
+        from preemptible.checkpoint import sharded
+
+        directory = os.path.join(self._storage.root, dirname, SHARDED_DIR)
+        targets = live() if live is not None else {}
+        if not all(k in targets for k in keys):
+            targets = sharded.full_size_targets(directory, keys)
+        targets = {k: targets[k] for k in keys}
+        group = gloo_group("checkpoint") if is_distributed() else None
+        sharded.load_into(directory, targets, group)
+        return targets
 
     def inspect(self, step: int | None = None) -> tuple[CheckpointInfo, list[Leaf]]:
         """Keys, dtypes, shapes and sizes of a checkpoint (default: the newest), from its index.

@@ -21,6 +21,7 @@ STEP_DIGITS = 12
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
+SHARDED_DIR = "dcp"  # torch.distributed.checkpoint's files for sharded tensors
 
 
 def step_dirname(step: int) -> str:
@@ -121,10 +122,18 @@ class Manifest:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CheckpointFormatError(f"manifest misses or mangles a field: {e!r}") from e
         for name in manifest.files:
-            if "/" in name or name.startswith(".") or name == MANIFEST_NAME:
+            if not _valid_file_name(name):
                 raise CheckpointFormatError(f"manifest lists an invalid file name {name!r}")
         if manifest.state_file not in manifest.files:
             raise CheckpointFormatError(
                 f"manifest does not list its state file {manifest.state_file!r}"
             )
         return manifest
+
+
+def _valid_file_name(name: str) -> bool:
+    """A data file directly in the step directory, or one of DCP's files in its ``dcp/``."""
+    head, slash, tail = name.partition("/")
+    if slash:
+        return head == SHARDED_DIR and bool(tail) and "/" not in tail and tail not in (".", "..")
+    return bool(name) and not name.startswith(".") and name != MANIFEST_NAME

@@ -41,6 +41,8 @@ def apply_loaded(target: Any, loaded: Any, path: str, step: int) -> None:
         value, where = loaded[key], f"{path}.{key}"
         if _has_load_state_dict(live):
             live.load_state_dict(value)
+        elif value is live:
+            continue  # a sharded tensor that was loaded in place
         elif isinstance(live, torch.Tensor) and isinstance(value, torch.Tensor):
             if live.shape != value.shape or live.dtype != value.dtype:
                 raise StateMismatchError(
