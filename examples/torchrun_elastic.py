@@ -41,6 +41,13 @@ def main() -> None:
         "--crash-at-step", type=int, default=None, help="rank 1 SIGKILLs itself (first attempt)"
     )
     parser.add_argument("--step-seconds", type=float, default=0.0)
+    parser.add_argument(
+        "--sigterm-rank-at-step",
+        nargs=2,
+        type=int,
+        metavar=("RANK", "STEP"),
+        help="that rank alone sends itself SIGTERM at that step (a notice only one rank sees)",
+    )
     args = parser.parse_args()
 
     init_process_group("gloo")  # torch's, made safe for torchrun restarts
@@ -75,6 +82,8 @@ def main() -> None:
             loss.backward()
             opt.step()
             print(f"rank {rank} step {step} loss {loss.item():.6f}", flush=True)
+            if args.sigterm_rank_at_step and args.sigterm_rank_at_step == [rank, step]:
+                os.kill(os.getpid(), signal.SIGTERM)
             if args.crash_at_step == step and rank == 1 and attempt == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
             if args.step_seconds:

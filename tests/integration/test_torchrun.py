@@ -82,6 +82,26 @@ def test_sigterm_to_torchrun_makes_every_worker_checkpoint_the_same_step_and_exi
     assert "exitcode  : 143" in out or code != 0
 
 
+def test_a_notice_seen_by_one_rank_only_stops_both_at_the_same_step(tmp_path):
+    code, out = finish(
+        torchrun(
+            tmp_path / "run",
+            "--steps",
+            "1000",
+            "--every",
+            "1000",
+            "--sigterm-rank-at-step",
+            "1",
+            "7",
+        )
+    )
+    stops = [int(s) for s in re.findall(r"preempted: checkpointed step (\d+)", out)]
+    assert stops == [7, 7], out  # rank 0 never got a signal, yet stopped at rank 1's step
+    assert code != 0 and "exitcode  : 143" in out  # the workers left with 128 + SIGTERM
+    latest = Checkpointer(tmp_path / "run").latest()
+    assert latest.step == 7 and latest.world_size == 2
+
+
 def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(tmp_path):
     root = tmp_path / "run"
     code, out = finish(torchrun(root, "--steps", "12"))
