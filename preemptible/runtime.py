@@ -100,6 +100,7 @@ class Context:
         self._last_saved_step: int | None = None
         self._last_save_at = time.monotonic()
         self._save_requested = False
+        self._unreported: Any = None  # a background save whose cost is not reported yet
         self._should_stop = False
         self._started = False
         self._in_step = False
@@ -149,9 +150,8 @@ class Context:
             yield step
             self._in_step = False
             self._at_boundary(step)
-        if self.step is not None and self._last_saved_step != self.step:
-            self._save(self.step, blocking=True)
-        self.checkpointer.wait()
+        if self.step is not None:
+            self._save_final(self.step)
 
     def _begin(self) -> None:
         if self._started:
@@ -178,6 +178,9 @@ class Context:
         self._last_save_at = time.monotonic()
 
     def _at_boundary(self, step: int) -> None:
+        if self._unreported is not None and self._unreported.done():
+            self._unreported = None
+            self._report()  # a background save finished: its cost is known now
         stall_p95 = self.cost.stall.p95 if self.cost.stall.count else None
         due = self._save_requested or self.schedule.should_save(
             step, now=time.monotonic(), last_save_at=self._last_save_at, stall_p95=stall_p95
@@ -191,23 +194,31 @@ class Context:
             self._save(step, blocking=not self.async_save)
 
     def _save(self, step: int, *, blocking: bool) -> None:
-        self.checkpointer.save(step, self._state(), blocking=blocking)
+        result = self.checkpointer.save(step, self._state(), blocking=blocking)
         self._last_saved_step = step
         self._last_save_at = time.monotonic()
         if blocking:
+            self._report()
+        else:
+            self._unreported = result
+
+    def _save_final(self, step: int) -> None:
+        """Make sure ``step`` is committed, whatever happened to the background save before."""
+        try:
+            self.checkpointer.wait()
+            lost = False
+        except PreemptibleError as e:
+            log.error("a background save failed (%s); saving step %d synchronously", e, step)
+            lost = True
+        if lost or self._last_saved_step != step:
+            self._save(step, blocking=True)
+        else:
             self._report()
 
     def _stop(self, step: int) -> None:
         """Checkpoint the completed ``step`` and leave with the notice's exit code."""
         with self.guard.final_save():
-            try:
-                self.checkpointer.wait()
-            except PreemptibleError as e:  # the final save below still protects this step
-                log.error("an earlier background save failed: %s", e)
-            if self._last_saved_step != step:
-                self._save(step, blocking=True)
-            else:
-                self._report()
+            self._save_final(step)
         code = self._exit_code if self._exit_code is not None else self.guard.exit_code()
         code = code or 128 + signal.SIGTERM  # a programmatic notice is a preemption too
         received = self.guard.received_at

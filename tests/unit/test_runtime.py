@@ -125,3 +125,39 @@ def test_register_rejects_the_reserved_key_and_late_registration(tmp_path):
 def test_bad_options_are_refused_with_a_message(tmp_path, options, needle):
     with pytest.raises(ConfigError, match=needle):
         Context(tmp_path, **options)
+
+
+def test_a_failed_background_save_does_not_cost_the_notice_checkpoint(caplog):
+    from tests import faulty_fs
+
+    ckpt = Checkpointer(f"faulty://runtime-{id(caplog)}", async_mode="copy")
+    faulty_fs.PLAN.written, faulty_fs.PLAN.fail_after_bytes = 0, 10
+    try:
+
+        @preemptible(None, checkpointer=ckpt, every_steps=2)
+        def train(ctx: Context) -> None:
+            ctx.register(x={"v": torch.zeros(4)})
+            for step in ctx.steps(10):
+                if step == 2:
+                    ctx.checkpointer.wait = _after_fixing_storage(ctx.checkpointer.wait)
+                    ctx.guard.request("test")
+
+        with pytest.raises(SystemExit) as exit_:
+            train()
+    finally:
+        faulty_fs.PLAN.fail_after_bytes = None
+    assert exit_.value.code == 143
+    assert ckpt.latest().step == 2  # step 1's background save failed; step 2 was still saved
+    assert "saving step 2 synchronously" in caplog.text  # the Context saw the failure
+
+
+def _after_fixing_storage(wait):
+    def fixed():
+        from tests import faulty_fs
+
+        try:
+            return wait()
+        finally:
+            faulty_fs.PLAN.fail_after_bytes = None  # the disk is back for the final save
+
+    return fixed
