@@ -15,7 +15,8 @@ Phases, as in kueue's `schedule()`:
 4. Stop early when nothing is free and nothing can be preempted: the rest wait for capacity.
 
 Ordering criteria, in order (policy `preemptible`):
-    1. tier, higher first;
+    1. tier, higher first; a borrower is ordered in the lowest tier of pending work within its
+       nominal quota, after that work, when that tier is lower than its own (`nominal_first`);
     2. fair-share value of the job's queue (1.0 = exactly its weighted share) minus waiting
        time / `aging` (one `aging` of waiting is worth one fair-share unit), capped at
        `aging_max_units`: once every queue's head has waited that long, fair share alone
@@ -40,7 +41,7 @@ from preemptible.queue.core.backfill import (
 )
 from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.core.fair_share import dominant_share, fair_share_value, weight_fractions
-from preemptible.queue.core.model import Admit, CycleResult, Job, Preempt, Reserve
+from preemptible.queue.core.model import Admit, CycleResult, Job, Preempt, Reserve, Tier
 from preemptible.queue.core.policy import Ordering, Policy
 from preemptible.queue.core.preemption import find_victims
 from preemptible.queue.core.quota import QuotaVerdict, check_quota, describe_limit, is_borrowing
@@ -111,6 +112,9 @@ class _Cycle:
         self.failed_here: list[tuple[str, int, int]] = []
         """Failed victim searches of this cycle (for any reason); `failed` is what backs off."""
         self.candidate_cache: dict[tuple, list] = {}
+        self.reclaimer_rank = self._reclaimer_rank()
+        """Lowest tier of pending work within its nominal quota: a borrower of a higher tier is
+        ordered in this tier, since that work would reclaim whatever it is given."""
 
     # --- orchestration ------------------------------------------------------------------------
 
@@ -443,14 +447,39 @@ class _Cycle:
             age = min(wait / _SLURM_AGE_MAX_S, 1.0)
             return (-(job.tier.rank * 1e5 + 1e4 * fair + 1e3 * age),)
         settings = self.config.policy
+        rank = job.tier.rank
+        demoted = 0.0
+        if rank > self.reclaimer_rank:
+            queue = self.st.queues[job.queue]
+            verdict = check_quota(queue, self.alloc[job.queue], job.request.as_tuple())
+            if verdict is not QuotaVerdict.WITHIN_NOMINAL:
+                rank = self.reclaimer_rank
+                demoted = 1.0
         credit = wait / settings.aging_s
         if credit >= settings.aging_max_units:
             if self._fair_share(job, after=False) < 1.0:
                 # Starving in a queue below its fair share: oldest first, ahead of the rest of
                 # its tier, so it gets the reservation and capacity drains towards it.
-                return (-job.tier.rank, _STARVING + job.submitted_at)
+                return (-rank, demoted, _STARVING + job.submitted_at)
             credit = settings.aging_max_units
-        return (-job.tier.rank, self._fair_share(job) - credit)
+        return (-rank, demoted, self._fair_share(job) - credit)
+
+    def _reclaimer_rank(self) -> int:
+        top = max(t.rank for t in Tier)
+        p = self.policy
+        if not (p.nominal_first and p.quotas and p.reclaim and p.ordering is Ordering.FAIR):
+            return top
+        lowest = top
+        for (queue, rank, gpus, cpus, memory), group in self.st.groups.items():
+            if rank >= lowest or not group.jobs:
+                continue
+            q = self.st.queues[queue]
+            if (
+                check_quota(q, self.alloc[queue], (gpus, cpus, memory))
+                is QuotaVerdict.WITHIN_NOMINAL
+            ):
+                lowest = rank
+        return lowest
 
     def _starving(self, job: Job) -> bool:
         """Waited past the aging cap while its queue is below its fair share."""

@@ -74,6 +74,10 @@ class Policy:
     """Grace when not negotiated (Kubernetes' default terminationGracePeriodSeconds)."""
     max_preemption_plans: int = 8
     """At most this many victim searches per cycle (each scans running jobs)."""
+    nominal_first: bool = False
+    """FAIR ordering: a borrower of a higher tier than some pending work within its nominal
+    quota is ordered in that lower tier, after that work. Capacity given to it first would be
+    reclaimed at once, for a lost save and restore."""
 
 
 POLICIES: dict[str, Policy] = {
@@ -100,6 +104,7 @@ POLICIES: dict[str, Policy] = {
         protect_min_runtime=True,
         anti_thrashing=True,
         negotiated_grace=True,
+        nominal_first=True,
     ),
 }
 """The built-in policies by name; `preemptible` is ours, the others are baselines."""

@@ -126,7 +126,9 @@ def find_victims(
         )
     candidates: list[tuple[tuple, RunningJob, float, float, bool]] = []
     newest_first = policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST
-    across = policy.tier_preemption_across_queues
+    # A borrower that takes another queue's borrowed capacity runs on borrowed capacity itself:
+    # the victim's queue can reclaim it back at once, so the save is lost for nothing.
+    across = policy.tier_preemption_across_queues and verdict is not QuotaVerdict.BORROWING
     min_rt, multiple = settings.min_runtime_s, settings.min_runtime_multiple
     cooldown = settings.cooldown_s
     for vq, running in state.running_by_queue.items():

@@ -363,3 +363,35 @@ def test_capacity_already_being_freed_is_used_before_preempting_more():
         snapshot(cfg, pending=pending, running_jobs=borrowers), 100.0, POLICIES["kueue"], cfg
     )
     assert len(kueue.preempt) == 2  # the baseline preempts again for the second job
+
+
+def test_a_higher_tier_borrower_yields_free_capacity_to_lower_tier_work_within_nominal():
+    # a is at its nominal quota (4), so its high job would borrow; b's low job is within its
+    # nominal quota and would reclaim whatever a got. The free GPU goes to b, nobody is preempted.
+    cfg = config()
+    busy = [running(job(f"a{i}", queue="a", gpus=1), started=0.0) for i in range(4)]
+    busy += [running(job(f"b{i}", queue="b", gpus=1), started=0.0) for i in range(3)]
+    pending = [
+        job("a-high", queue="a", tier="high", at=0.0),
+        job("b-low", queue="b", tier="low", at=5.0),
+    ]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 10.0, OURS, cfg)
+    assert admitted(r) == ["b-low"] and preempted(r) == []
+    # Without lower-tier work within nominal, tier order is unchanged: the borrower goes first.
+    r = schedule(snapshot(cfg, pending=pending[:1], running_jobs=busy), 10.0, OURS, cfg)
+    assert admitted(r) == ["a-high"]
+
+
+def test_a_borrower_does_not_preempt_another_queues_borrowed_work():
+    # Both a and b run beyond their nominal quota. a's high job would borrow too: taking b's
+    # borrowed low job would only let b reclaim it back, so it waits. Within a's own queue, tier
+    # preemption still works.
+    cfg = config(queues={"a": (1.0, 2, INF), "b": (1.0, 2, INF), "c": (1.0, 4, INF)})
+    busy = [running(job(f"a{i}", queue="a", gpus=1, tier="high"), started=0.0) for i in range(4)]
+    busy += [running(job(f"b{i}", queue="b", gpus=1, tier="low"), started=0.0) for i in range(4)]
+    pending = [job("a-high", queue="a", tier="high", at=0.0)]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 7200.0, OURS, cfg)
+    assert preempted(r) == []
+    busy[0] = running(job("a0", queue="a", gpus=1, tier="low"), started=0.0)
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 7200.0, OURS, cfg)
+    assert preempted(r) == ["a0"]
