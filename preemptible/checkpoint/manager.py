@@ -488,19 +488,24 @@ class Checkpointer:
             (e.name for e in entries if e.is_dir and parse_step_dirname(e.name) is not None),
             key=parse_step_dirname,
         )
+        mtimes = {e.name: e.mtime for e in entries}
         committed: list[tuple[str, Manifest]] = []
         ignored: list[IgnoredDir] = []
         for dirname, manifest in zip(step_dirs, self._read_manifests(step_dirs), strict=True):
             if isinstance(manifest, Manifest):
                 committed.append((dirname, manifest))
             else:
-                ignored.append(IgnoredDir(name=dirname, reason=manifest))
+                ignored.append(IgnoredDir(name=dirname, reason=manifest, mtime=mtimes[dirname]))
         for e in entries:
             if e.name.startswith(TMP_PREFIX):
-                ignored.append(IgnoredDir(name=e.name, reason="save in progress or interrupted"))
+                ignored.append(
+                    IgnoredDir(name=e.name, reason="save in progress or interrupted", mtime=e.mtime)
+                )
             elif e.name.startswith(TRASH_PREFIX):
                 ignored.append(
-                    IgnoredDir(name=e.name, reason="deletion in progress or interrupted")
+                    IgnoredDir(
+                        name=e.name, reason="deletion in progress or interrupted", mtime=e.mtime
+                    )
                 )
         return committed, ignored
 
@@ -809,12 +814,11 @@ class Checkpointer:
                 log.info("retention: deleting checkpoint step %d under %s", manifest.step, self.url)
                 self._storage.delete(dirname, uuid.uuid4().hex[:12])
         now = time.time()
-        mtimes = {e.name: e.mtime for e in self._storage.list_root()}
         for item in ignored:
             if item.name.startswith(TRASH_PREFIX):
                 self._storage.remove_tree(item.name)
                 continue
-            mtime = mtimes.get(item.name)
+            mtime = item.mtime
             if mtime is None and not item.name.startswith(TMP_PREFIX):
                 mtime = self._storage.newest_mtime(item.name)
             if mtime is not None and now - mtime > self.stale_after_seconds:

@@ -27,6 +27,7 @@ class IgnoredDir:
 
     name: str
     reason: str
+    mtime: float | None = None  # as listed; None where the store gives no time for directories
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
