@@ -288,12 +288,14 @@ class Simulator:
         if self.state.nominated:
             self.state.expire_nominations(now - self.config.preemption.grace_max_s - 60.0)
         for admit in result.admit:
-            self._start(admit.job_id, admit.placement, now)
+            self._start(admit.job_id, admit.placement, now, on_loan=admit.on_loan)
         for pre in result.preempt:
             self._preempt(pre.job_id, pre.grace_s, pre.for_job, now)
         return result.fragmentation, result.rerun
 
-    def _start(self, job_id: str, placement: tuple[tuple[int, int], ...], now: float) -> None:
+    def _start(
+        self, job_id: str, placement: tuple[tuple[int, int], ...], now: float, *, on_loan: bool
+    ) -> None:
         job = self.state.withdraw(job_id)
         rec = self.records[job_id]
         rec.wait_s += now - rec.pending_since
@@ -304,7 +306,7 @@ class Simulator:
         rec.run_token += 1
         remaining = rec.trace.duration_s - rec.saved_s
         finish_at = now + job.restore_s + remaining
-        running = RunningJob(job=job, started_at=now, placement=placement)
+        running = RunningJob(job=job, started_at=now, placement=placement, on_loan=on_loan)
         estimate = job.estimate_s if job.estimate_s is not None else None
         expected = (
             now + job.restore_s + estimate

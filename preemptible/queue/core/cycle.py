@@ -9,7 +9,9 @@ Phases, as in kueue's `schedule()`:
    `state.py`); fair-share keys are refreshed lazily when a queue's allocation changes.
 3. For each job: quota check (within nominal, borrowing, or over the limit); capacity and
    placement check; if it fits, admit it (as backfill when a reservation exists and it does not
-   delay it). If it does not fit, try preemption (reclaim or lower tier); failing that, a strict
+   delay it, or on loan when it would but checkpoints on notice: the reserved job may preempt it
+   later). If it does not fit, try preemption (reclaim, lower tier, or, for the job the
+   reservation is for, loans); failing that, a strict
    policy stops here, a backfilling one reserves capacity for this job and continues with the
    rest, and the others skip the job's group.
 4. Stop early when nothing is free and nothing can be preempted: the rest wait for capacity.
@@ -226,6 +228,18 @@ class _Cycle:
                     backfill=True,
                 )
                 return "next"
+            if self._may_loan(job):
+                head = self.reservation.job_id
+                self._admit(
+                    job,
+                    placement,
+                    verdict,
+                    f"admitted on loan: may delay {head}, which may preempt it once it has run "
+                    "its minimum runtime",
+                    backfill=True,
+                    on_loan=True,
+                )
+                return "next"
             self.reasons[job.id] = (
                 f"pending: would delay the reservation of {self.reservation.job_id}"
             )
@@ -279,6 +293,7 @@ class _Cycle:
         reason: str,
         *,
         backfill: bool = False,
+        on_loan: bool = False,
     ) -> None:
         req = job.request.as_tuple()
         a = self.alloc[job.queue]
@@ -300,9 +315,18 @@ class _Cycle:
                 placement=placement,
                 borrowing=verdict is QuotaVerdict.BORROWING,
                 backfill=backfill,
+                on_loan=on_loan,
                 reason=reason,
             )
         )
+
+    def _may_loan(self, job: Job) -> bool:
+        """Whether `job` may start on loan ahead of the reservation (it checkpoints on notice
+        and was not preempted within the cooldown, so a loan costs it one save at most)."""
+        if not (self.policy.loan_backfill and job.checkpoint_on_notice):
+            return False
+        last = job.last_preempted_at
+        return last is None or self.now - last >= self.config.preemption.cooldown_s
 
     def _admit_reason(self, job: Job, verdict: QuotaVerdict) -> str:
         if not self.policy.quotas:
@@ -339,13 +363,18 @@ class _Cycle:
 
     def _maybe_preempt(self, job: Job, verdict: QuotaVerdict) -> bool:
         key = (job.queue, job.tier.rank, job.request.gpus)
+        # The first blocked job is the one the reservation is for: it may take back loans.
+        take_loans = (
+            self.policy.loan_backfill and self.reservation is None and self.st.loan_gpus > 0
+        )
         # Backing off is for tier preemption only: a job within nominal quota must be able to
-        # reclaim as soon as capacity it is owed is held by borrowers (the one-grace guarantee).
+        # reclaim as soon as capacity it is owed is held by borrowers (the one-grace guarantee),
+        # and the reserved job must get its loans back as soon as they have run long enough.
         guaranteed = self.policy.reclaim and verdict is QuotaVerdict.WITHIN_NOMINAL
-        if not guaranteed and self.st.preemption_backoff.get(key, -INF) > self.now:
+        if not (guaranteed or take_loans) and self.st.preemption_backoff.get(key, -INF) > self.now:
             return False
         for queue, rank, gpus in self.failed_here:  # a smaller job of this kind found nothing
-            if queue == key[0] and rank == key[1] and gpus <= key[2]:
+            if queue == key[0] and rank == key[1] and gpus <= key[2] and not take_loans:
                 return False
         if self.policy.anti_thrashing and 0 < job.request.gpus <= self.incoming:
             # Capacity already being freed by earlier preemptions covers it: do not preempt more.
@@ -363,13 +392,14 @@ class _Cycle:
             policy=self.policy,
             settings=self.config.preemption,
             taken=self.taken,
+            take_loans=take_loans,
             budget_used=self.budget_used,
             cost_cache=self.cost_cache,
             candidate_cache=self.candidate_cache,
         )
         if plan is None:
             self.failed_here.append(key)
-            if not guaranteed:
+            if not (guaranteed or take_loans):
                 self.failed.append(key)
             else:
                 self.rerun = True
@@ -379,7 +409,12 @@ class _Cycle:
             vjob = v.running.job
             self.taken.add(vjob.id)
             names.append(vjob.id)
-            if v.reclaim:
+            if v.kind == "loan":
+                why = (
+                    f"preempted: ran on loan ahead of {job.id}'s reservation, which is due; "
+                    "ran past its minimum runtime"
+                )
+            elif v.kind == "reclaim":
                 why = (
                     f"preempted: {job.queue} reclaims capacity {vjob.queue} borrowed, for "
                     f"{job.id} (within its nominal quota)"
@@ -395,7 +430,7 @@ class _Cycle:
                     grace_s=v.grace_s,
                     for_job=job.id,
                     lost_gpu_s=v.lost_gpu_s,
-                    reclaim=v.reclaim,
+                    reclaim=v.kind == "reclaim",
                     reason=f"{why}; expected loss {v.lost_gpu_s:.0f} GPU-s",
                 )
             )
@@ -419,6 +454,8 @@ class _Cycle:
             return False
         p = self.policy
         if p.tier_preemption and any(self.st.tier_gpus[:3]):
+            return True
+        if p.loan_backfill and self.st.loan_gpus > 0:
             return True
         if p.reclaim and p.quotas:
             return any(is_borrowing(q, self.alloc[n]) for n, q in self.st.queues.items())

@@ -188,6 +188,9 @@ class RunningJob:
     """Last completed checkpoint, if known; otherwise derived from the interval."""
     terminating: bool = False
     """A preemption notice was sent; it still holds its resources until it exits."""
+    on_loan: bool = False
+    """Started ahead of a reserved job although it may delay it: the holder of a reservation
+    may preempt it once it has run its minimum runtime (see `Policy.loan_backfill`)."""
 
     def checkpoint_time(self, now: float) -> float:
         """The latest time at which this run's progress was saved (the run start if never)."""
@@ -213,6 +216,8 @@ class Admit:
     """True when part of it runs on borrowed (reclaimable) capacity."""
     backfill: bool = False
     """True when it was started ahead of a reserved head job."""
+    on_loan: bool = False
+    """True when it may delay the reserved job and so may be preempted by it (`RunningJob`)."""
     reason: str = ""
 
 

@@ -13,7 +13,8 @@ five implementations. The baselines model the defaults of the systems they are n
   with a reservation for the blocked head; no quotas and no preemption (PreemptType=none).
 - `preemptible` (ours): tiers, decayed weighted DRF fair share plus aging, quota + borrowing +
   reclaim, lower-tier preemption choosing the least lost work, negotiated grace and minimum
-  runtime, anti-thrashing budgets, and backfill with a reservation.
+  runtime, anti-thrashing budgets, and backfill with a reservation where work that would delay
+  the reserved job still starts, on loan, when it checkpoints on notice.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ class Policy:
     """How victims are chosen."""
     backfill: bool = False
     """Reserve capacity for the first blocked job and backfill behind it."""
+    loan_backfill: bool = False
+    """A checkpoint-aware job that would delay the reservation starts anyway, on loan: the
+    reserved job preempts it when its capacity is due (after the loaned job's minimum
+    runtime), so GPUs do not idle while capacity drains for a big job."""
     reserve_only_starving: bool = False
     """Reserve only for a starving job (see cycle.py); others skip ahead like kueue's
     BestEffortFIFO, so a big job blocks nobody until it has waited past the aging cap."""
@@ -101,6 +106,7 @@ POLICIES: dict[str, Policy] = {
         tier_preemption_across_queues=True,
         victim_order=VictimOrder.LEAST_LOST_WORK,
         backfill=True,
+        loan_backfill=True,
         protect_min_runtime=True,
         anti_thrashing=True,
         negotiated_grace=True,

@@ -1,6 +1,6 @@
 """Choosing which running jobs to preempt for a blocked job. Chooses; evicts nothing.
 
-Two reasons allow a preemption:
+Three reasons allow a preemption:
 
 1. reclaim: the blocked job would run within its queue's nominal quota, and the victim's queue
    holds more than its nominal quota (runs on borrowed capacity). Tier and minimum runtime do not
@@ -10,6 +10,9 @@ Two reasons allow a preemption:
    not preempted within the cooldown, and its queue has budget left this hour. Victims come from
    the blocked job's own queue, or (ours) from other queues' borrowed capacity, never from another
    queue's guaranteed share.
+3. loan: the victim started on loan ahead of a reservation (`RunningJob.on_loan`), the blocked
+   job is the one the reservation is for, the victim's tier is not higher, and it has run for
+   its minimum runtime. It was admitted on exactly that condition.
 
 Among the allowed victims we look for a set that makes the job fit at the least lost work:
 GPU-seconds since each victim's last checkpoint (only its save time when it checkpoints on
@@ -40,7 +43,8 @@ class Victim:
     running: RunningJob
     lost_gpu_s: float
     grace_s: float
-    reclaim: bool
+    kind: str
+    """Why it may be preempted: "reclaim", "tier" or "loan" (see the module docstring)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,6 +95,7 @@ def find_victims(
     settings: PreemptionSettings,
     taken: set[str],
     budget_used: MutableMapping[str, int],
+    take_loans: bool = False,
     cost_cache: dict[str, tuple[tuple, float, float]] | None = None,
     candidate_cache: dict[tuple, list] | None = None,
 ) -> VictimPlan | None:
@@ -98,7 +103,8 @@ def find_victims(
 
     `cost_cache` and `candidate_cache` belong to one cycle: prices do not depend on the
     preemptor, and the eligible set only on its queue and tier while allocations are unchanged
-    (the caller clears `candidate_cache` when it admits a job).
+    (the caller clears `candidate_cache` when it admits a job). `take_loans`: `job` holds the
+    reservation, so jobs on loan ahead of it are candidates too.
     """
     queues = state.queues
     queue = queues[job.queue]
@@ -110,13 +116,14 @@ def find_victims(
     can_reclaim = policy.reclaim and policy.quotas and verdict is QuotaVerdict.WITHIN_NOMINAL
     rank = job.tier.rank
     can_tier = policy.tier_preemption and any(state.tier_gpus[t] for t in range(rank))
-    if not can_reclaim and not can_tier:
+    take_loans = take_loans and state.loan_gpus > 0
+    if not (can_reclaim or can_tier or take_loans):
         return None
     borrowing = {name: is_borrowing(q, alloc[name]) for name, q in queues.items()}
-    if not can_tier and not any(borrowing.values()):
+    if not (can_tier or take_loans or any(borrowing.values())):
         return None
 
-    cache_key = (job.queue, rank, can_reclaim, can_tier)
+    cache_key = (job.queue, rank, can_reclaim, can_tier, take_loans)
     if candidate_cache is not None and cache_key in candidate_cache:
         candidates = [c for c in candidate_cache[cache_key] if c[1].job.id not in taken]
         if not candidates:
@@ -134,24 +141,26 @@ def find_victims(
     for vq, running in state.running_by_queue.items():
         reclaim_q = can_reclaim and borrowing[vq] and vq != job.queue
         tier_q = can_tier and (vq == job.queue or (across and borrowing[vq]))
-        if not (reclaim_q or tier_q) or not running:
+        if not (reclaim_q or tier_q or take_loans) or not running:
             continue
         if tier_q and policy.anti_thrashing:
             tier_q = queue_budget_left(state, vq, now, settings, budget_used.get(vq, 0)) > 0
-            if not (reclaim_q or tier_q):
+            if not (reclaim_q or tier_q or take_loans):
                 continue
         for rj in running.values():
             vjob = rj.job
             if rj.terminating or vjob.id in taken:
                 continue
             tier_ok = tier_q and _RANK[vjob.tier] < rank
-            if tier_ok and policy.protect_min_runtime:
+            loan_ok = take_loans and rj.on_loan and _RANK[vjob.tier] <= rank
+            if (tier_ok or loan_ok) and policy.protect_min_runtime:
                 floor = max(min_rt, multiple * (vjob.save_s + vjob.restore_s))
-                tier_ok = now - rj.started_at >= floor
+                ran_enough = now - rj.started_at >= floor
+                tier_ok, loan_ok = tier_ok and ran_enough, loan_ok and ran_enough
             if tier_ok and policy.anti_thrashing:
                 last = vjob.last_preempted_at
                 tier_ok = last is None or now - last >= cooldown
-            if not (reclaim_q or tier_ok):
+            if not (reclaim_q or tier_ok or loan_ok):
                 continue
             cached = cost_cache.get(vjob.id) if cost_cache is not None else None
             if cached is None:
@@ -159,7 +168,8 @@ def find_victims(
                 if cost_cache is not None:
                     cost_cache[vjob.id] = cached
             key, lost, grace = cached
-            candidates.append((key, rj, lost, grace, not tier_ok))
+            kind = "tier" if tier_ok else "loan" if loan_ok else "reclaim"
+            candidates.append((key, rj, lost, grace, kind))
     candidates.sort(key=lambda c: c[0])
     if candidate_cache is not None:
         candidate_cache[cache_key] = candidates
@@ -198,9 +208,7 @@ def _choose(job, candidates, alloc, free, pool, policy, queue, req, budget_used,
         chosen, placement = _greedy(job, candidates, free, pool, quota_ok)
     if chosen is None:
         return None
-    victims = tuple(
-        Victim(running=c[1], lost_gpu_s=c[2], grace_s=c[3], reclaim=c[4]) for c in chosen
-    )
+    victims = tuple(Victim(running=c[1], lost_gpu_s=c[2], grace_s=c[3], kind=c[4]) for c in chosen)
     for v in victims:
         budget_used[v.running.job.queue] = budget_used.get(v.running.job.queue, 0) + 1
     return VictimPlan(victims=victims, placement=placement)

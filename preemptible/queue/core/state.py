@@ -15,6 +15,7 @@ sorting all pending jobs, and a group whose head cannot fit is skipped as a whol
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -71,6 +72,8 @@ class ClusterState:
         """GPUs held by jobs that were told to go and have not exited yet."""
         self.tier_gpus: list[int] = [0, 0, 0, 0]
         """GPUs held by non-terminating running jobs, per tier rank."""
+        self.loan_gpus = 0
+        """GPUs held by non-terminating running jobs on loan (`RunningJob.on_loan`)."""
         self.pool: NodePool | None = (
             NodePool(cluster.nodes, cluster.gpus_per_node)
             if cluster.nodes and cluster.gpus_per_node
@@ -128,6 +131,8 @@ class ClusterState:
         self.used[2] += r.memory_gb
         if not running.terminating:
             self.tier_gpus[job.tier.rank] += r.gpus
+            if running.on_loan:
+                self.loan_gpus += r.gpus
         else:
             self.terminating_gpus += r.gpus
         if self.pool is not None:
@@ -142,16 +147,12 @@ class ClusterState:
         running = self.running[job_id]
         if running.terminating:
             return
-        updated = RunningJob(
-            job=running.job,
-            started_at=running.started_at,
-            placement=running.placement,
-            last_checkpoint_at=running.last_checkpoint_at,
-            terminating=True,
-        )
+        updated = dataclasses.replace(running, terminating=True)
         self.running[job_id] = updated
         self.running_by_queue[running.job.queue][job_id] = updated
         self.tier_gpus[running.job.tier.rank] -= running.job.request.gpus
+        if running.on_loan:
+            self.loan_gpus -= running.job.request.gpus
         self.terminating_gpus += running.job.request.gpus
         self._move_end(job_id, expected_end)
 
@@ -170,6 +171,8 @@ class ClusterState:
         self.used[2] -= r.memory_gb
         if not running.terminating:
             self.tier_gpus[job.tier.rank] -= r.gpus
+            if running.on_loan:
+                self.loan_gpus -= r.gpus
         else:
             self.terminating_gpus -= r.gpus
         if self.pool is not None:
@@ -246,13 +249,7 @@ def build_snapshot(
             where = state.pool.find(rj.job.request.gpus)
             if where is None:
                 raise ValueError(f"running job {rj.job.id!r} does not fit on the nodes")
-            rj = RunningJob(
-                job=rj.job,
-                started_at=rj.started_at,
-                placement=where,
-                last_checkpoint_at=rj.last_checkpoint_at,
-                terminating=rj.terminating,
-            )
+            rj = dataclasses.replace(rj, placement=where)
         estimate = rj.job.estimate_s if rj.job.estimate_s is not None else default_estimate_s
         state.start(rj, expected_end=rj.started_at + rj.job.restore_s + estimate)
     for name, times in (recent_preemptions or {}).items():

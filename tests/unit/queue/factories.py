@@ -45,8 +45,10 @@ def job(
     )
 
 
-def running(j: Job, *, started: float = 0.0, ckpt: float | None = None) -> RunningJob:
-    return RunningJob(job=j, started_at=started, last_checkpoint_at=ckpt)
+def running(
+    j: Job, *, started: float = 0.0, ckpt: float | None = None, on_loan: bool = False
+) -> RunningJob:
+    return RunningJob(job=j, started_at=started, last_checkpoint_at=ckpt, on_loan=on_loan)
 
 
 def config(

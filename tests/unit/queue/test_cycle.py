@@ -165,7 +165,7 @@ def test_a_borrowers_reservation_never_holds_back_work_within_nominal_quota():
 
 
 def test_reserve_only_starving_lets_others_skip_ahead_until_the_head_starves():
-    policy = dataclasses.replace(OURS, reserve_only_starving=True)
+    policy = dataclasses.replace(OURS, reserve_only_starving=True, loan_backfill=False)
     cfg = config(
         gpus=4,
         queues={"a": (1.0, 4, INF), "b": (1.0, 0, INF)},
@@ -182,6 +182,55 @@ def test_reserve_only_starving_lets_others_skip_ahead_until_the_head_starves():
     late = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 7300.0, policy, cfg)
     assert [r.job_id for r in late.reserve] == ["big"]
     assert admitted(late) == [] and "would delay the reservation of big" in late.reason_for("small")
+
+
+def test_work_that_would_delay_the_reservation_starts_on_loan_if_it_saves_on_notice():
+    cfg = config(gpus=4, queues={"a": (1.0, 0, INF)})  # all borrowing: no reclaim
+    busy = [running(job("x", gpus=2, estimate=3600.0, restore=0.0), started=0.0)]
+    pending = [
+        job("head", gpus=4, at=0, tier="high"),  # first in line
+        job("plain", gpus=1, at=1, estimate=7200.0, aware=False),
+        job("aware", gpus=1, at=2, estimate=7200.0),
+        job("burnt", gpus=1, at=3, estimate=7200.0, preempted_at=90.0),  # within the cooldown
+    ]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, OURS, cfg)
+    assert r.reserve[0].job_id == "head"
+    assert admitted(r) == ["aware"] and r.admit[0].on_loan and r.admit[0].backfill
+    assert "admitted on loan: may delay head" in r.reason_for("aware")
+    assert "would delay the reservation of head" in r.reason_for("plain")
+    assert "would delay the reservation of head" in r.reason_for("burnt")
+    slurm = schedule(
+        snapshot(cfg, pending=pending, running_jobs=busy), 100.0, POLICIES["slurm"], cfg
+    )
+    assert admitted(slurm) == []  # plain EASY backfill: nothing may delay the head
+
+
+def test_the_reserved_job_takes_its_loans_back_after_their_minimum_runtime():
+    cfg = config(gpus=4, queues={"a": (1.0, 0, INF)})  # all borrowing: no reclaim
+    loan = running(job("loan", gpus=2, save=10.0, restore=10.0), started=0.0, on_loan=True)
+    plain = running(job("plain", gpus=2, save=10.0, restore=10.0), started=0.0)  # not on loan
+    head = job("head", gpus=2, at=0)
+    both = snapshot(cfg, pending=[head], running_jobs=[loan, plain])
+    assert preempted(schedule(both, 299.0, OURS, cfg)) == []  # floor: max(300 s, 10 x 20 s)
+    r = schedule(both, 300.0, OURS, cfg)
+    assert preempted(r) == ["loan"] and not r.preempt[0].reclaim
+    assert "ran on loan ahead of head's reservation" in r.preempt[0].reason
+    assert r.preempt[0].lost_gpu_s == pytest.approx(2 * (10.0 + 10.0))
+
+
+def test_loans_go_back_only_to_the_first_blocked_job_of_an_equal_or_higher_tier():
+    cfg = config(gpus=4, queues={"a": (1.0, 0, INF)})  # all borrowing: no reclaim
+    long_ago = 1e5
+    high_loan = running(job("high-loan", gpus=2, tier="high"), started=0.0, on_loan=True)
+    other = running(job("x", gpus=2, estimate=1e6), started=0.0)
+    lower = snapshot(cfg, pending=[job("head", gpus=2)], running_jobs=[high_loan, other])
+    assert preempted(schedule(lower, long_ago, OURS, cfg)) == []
+    loan = running(job("loan", gpus=2), started=0.0, on_loan=True)
+    # The head needs the whole cluster: the loan alone does not make it fit, so it reserves,
+    # and the job behind it may not take the loan back.
+    pending = [job("head", gpus=4, at=0), job("second", gpus=2, at=1)]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=[loan, other]), long_ago, OURS, cfg)
+    assert preempted(r) == [] and r.reserve[0].job_id == "head"
 
 
 def test_without_backfill_setting_no_reservation_is_made():
