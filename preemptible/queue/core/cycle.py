@@ -431,6 +431,7 @@ class _Cycle:
                     for_job=job.id,
                     lost_gpu_s=v.lost_gpu_s,
                     reclaim=v.kind == "reclaim",
+                    loan=v.kind == "loan",
                     reason=f"{why}; expected loss {v.lost_gpu_s:.0f} GPU-s",
                 )
             )

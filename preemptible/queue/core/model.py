@@ -233,6 +233,8 @@ class Preempt:
     """Estimated GPU-seconds this preemption costs (lost work plus restore)."""
     reclaim: bool = False
     """True when it reclaims borrowed capacity rather than serving a higher tier."""
+    loan: bool = False
+    """True when the job it is freed for takes back capacity lent to it (`RunningJob.on_loan`)."""
     reason: str = ""
 
 

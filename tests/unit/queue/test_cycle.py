@@ -213,7 +213,7 @@ def test_the_reserved_job_takes_its_loans_back_after_their_minimum_runtime():
     both = snapshot(cfg, pending=[head], running_jobs=[loan, plain])
     assert preempted(schedule(both, 299.0, OURS, cfg)) == []  # floor: max(300 s, 10 x 20 s)
     r = schedule(both, 300.0, OURS, cfg)
-    assert preempted(r) == ["loan"] and not r.preempt[0].reclaim
+    assert preempted(r) == ["loan"] and r.preempt[0].loan and not r.preempt[0].reclaim
     assert "ran on loan ahead of head's reservation" in r.preempt[0].reason
     assert r.preempt[0].lost_gpu_s == pytest.approx(2 * (10.0 + 10.0))
 

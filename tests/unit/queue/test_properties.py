@@ -56,6 +56,7 @@ def workloads(draw):
                     aware=draw(st.booleans()),
                 ),
                 started_at=now - draw(st.floats(0, 3000)),
+                on_loan=draw(st.booleans()),
             )
         )
     pending = [
@@ -121,7 +122,11 @@ def test_preemption_respects_tier_min_runtime_and_guarantees(w):
             assert victim.job.queue != preemptor.queue
             assert is_borrowing(cfg.queue(victim.job.queue), alloc[victim.job.queue])
         else:
-            assert victim.job.tier.rank < preemptor.tier.rank
+            if p.loan:
+                assert victim.on_loan and policy.loan_backfill
+                assert victim.job.tier.rank <= preemptor.tier.rank
+            else:
+                assert victim.job.tier.rank < preemptor.tier.rank
             if policy.protect_min_runtime:
                 floor = min_runtime_seconds(victim.job.save_s, victim.job.restore_s, cfg.preemption)
                 assert now - victim.started_at >= floor
