@@ -37,7 +37,6 @@ from collections.abc import Sequence
 
 from preemptible.queue.core.backfill import (
     Reservation,
-    expected_runtime_s,
     may_backfill,
     plan_reservation,
 )
@@ -306,7 +305,7 @@ class _Cycle:
         self.fs_cache.pop(job.queue, None)
         self.candidate_cache.clear()
         self.started.add(job.id)
-        end = self.now + expected_runtime_s(job, self.config.policy.default_estimate_s)
+        end = self.now + job.expected_runtime_s(self.config.policy.default_estimate_s)
         self.started_ends.append((end, req))
         self.reasons.pop(job.id, None)
         self.admits.append(
@@ -322,7 +321,8 @@ class _Cycle:
 
     def _may_loan(self, job: Job) -> bool:
         """Whether `job` may start on loan ahead of the reservation (it checkpoints on notice
-        and was not preempted within the cooldown, so a loan costs it one save at most)."""
+        and was not preempted within the cooldown, so a loan costs it a save and a restore at
+        most)."""
         if not (self.policy.loan_backfill and job.checkpoint_on_notice):
             return False
         last = job.last_preempted_at
@@ -371,11 +371,12 @@ class _Cycle:
         # reclaim as soon as capacity it is owed is held by borrowers (the one-grace guarantee),
         # and the reserved job must get its loans back as soon as they have run long enough.
         guaranteed = self.policy.reclaim and verdict is QuotaVerdict.WITHIN_NOMINAL
-        if not (guaranteed or take_loans) and self.st.preemption_backoff.get(key, -INF) > self.now:
+        backed_off = not guaranteed and self.st.preemption_backoff.get(key, -INF) > self.now
+        smaller_failed = any(  # a smaller job of this kind found nothing in this cycle
+            q == key[0] and r == key[1] and g <= key[2] for q, r, g in self.failed_here
+        )
+        if not take_loans and (backed_off or smaller_failed):
             return False
-        for queue, rank, gpus in self.failed_here:  # a smaller job of this kind found nothing
-            if queue == key[0] and rank == key[1] and gpus <= key[2] and not take_loans:
-                return False
         if self.policy.anti_thrashing and 0 < job.request.gpus <= self.incoming:
             # Capacity already being freed by earlier preemptions covers it: do not preempt more.
             self.incoming -= job.request.gpus
@@ -399,7 +400,7 @@ class _Cycle:
         )
         if plan is None:
             self.failed_here.append(key)
-            if not (guaranteed or take_loans):
+            if not guaranteed:
                 self.failed.append(key)
             else:
                 self.rerun = True

@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from preemptible.queue.core.config import PreemptionSettings
 from preemptible.queue.core.model import _TIER_RANK as _RANK
@@ -43,7 +44,7 @@ class Victim:
     running: RunningJob
     lost_gpu_s: float
     grace_s: float
-    kind: str
+    kind: Literal["reclaim", "tier", "loan"]
     """Why it may be preempted: "reclaim", "tier" or "loan" (see the module docstring)."""
 
 
