@@ -307,12 +307,7 @@ class Simulator:
         remaining = rec.trace.duration_s - rec.saved_s
         finish_at = now + job.restore_s + remaining
         running = RunningJob(job=job, started_at=now, placement=placement, on_loan=on_loan)
-        estimate = job.estimate_s if job.estimate_s is not None else None
-        expected = (
-            now + job.restore_s + estimate
-            if estimate is not None
-            else now + self.config.policy.default_estimate_s
-        )
+        expected = now + job.expected_runtime_s(self.config.policy.default_estimate_s)
         self.state.start(running, expected_end=expected)
         self.tracker.advance(now)
         self.tracker.add(job.queue, self._share(job))

@@ -30,12 +30,6 @@ class Reservation:
     """The head would run on borrowed capacity: it cannot hold back work within nominal quota."""
 
 
-def expected_runtime_s(job: Job, default_estimate_s: float) -> float:
-    """The job's estimate (or the default) plus its restore cost."""
-    estimate = job.estimate_s if job.estimate_s is not None else default_estimate_s
-    return estimate + job.restore_s
-
-
 def plan_reservation(
     job: Job,
     *,
@@ -74,7 +68,7 @@ def may_backfill(
     job: Job, reservation: Reservation, *, now: float, default_estimate_s: float
 ) -> bool:
     """Whether starting `job` now keeps the reservation; takes from `spare` when it must."""
-    if now + expected_runtime_s(job, default_estimate_s) <= reservation.start_at:
+    if now + job.expected_runtime_s(default_estimate_s) <= reservation.start_at:
         return True
     req = job.request.as_tuple()
     if _fits(reservation.spare, req):

@@ -173,6 +173,12 @@ class Job:
         """Whether the job needs all its GPUs at once."""
         return self.gang if self.gang is not None else self.request.gpus > 1
 
+    def expected_runtime_s(self, default_estimate_s: float) -> float:
+        """How long a run is expected to hold its resources: the estimate (or the default, as
+        SLURM assumes a partition's time limit) plus the restore cost."""
+        estimate = self.estimate_s if self.estimate_s is not None else default_estimate_s
+        return estimate + self.restore_s
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunningJob:

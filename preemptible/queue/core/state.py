@@ -250,8 +250,7 @@ def build_snapshot(
             if where is None:
                 raise ValueError(f"running job {rj.job.id!r} does not fit on the nodes")
             rj = dataclasses.replace(rj, placement=where)
-        estimate = rj.job.estimate_s if rj.job.estimate_s is not None else default_estimate_s
-        state.start(rj, expected_end=rj.started_at + rj.job.restore_s + estimate)
+        state.start(rj, expected_end=rj.started_at + rj.job.expected_runtime_s(default_estimate_s))
     for name, times in (recent_preemptions or {}).items():
         state.recent_preemptions[name] = deque(sorted(times))
     state.nominated.update(nominated or {})
