@@ -495,18 +495,22 @@ class Checkpointer:
             if isinstance(manifest, Manifest):
                 committed.append((dirname, manifest))
             else:
-                ignored.append(IgnoredDir(name=dirname, reason=manifest, mtime=mtimes[dirname]))
-        for e in entries:
-            if e.name.startswith(TMP_PREFIX):
-                ignored.append(
-                    IgnoredDir(name=e.name, reason="save in progress or interrupted", mtime=e.mtime)
-                )
-            elif e.name.startswith(TRASH_PREFIX):
                 ignored.append(
                     IgnoredDir(
-                        name=e.name, reason="deletion in progress or interrupted", mtime=e.mtime
+                        name=dirname,
+                        reason=manifest,
+                        mtime=mtimes[dirname],
+                        collectable=manifest == _NO_MANIFEST,
                     )
                 )
+        for e in entries:
+            if e.name.startswith(TMP_PREFIX):
+                reason = "save in progress or interrupted"
+            elif e.name.startswith(TRASH_PREFIX):
+                reason = "deletion in progress or interrupted"
+            else:
+                continue
+            ignored.append(IgnoredDir(name=e.name, reason=reason, mtime=e.mtime, collectable=True))
         return committed, ignored
 
     def _step_dirs(self) -> list[str]:
@@ -527,7 +531,7 @@ class Checkpointer:
         try:
             data = self._storage.read_bytes(dirname, MANIFEST_NAME)
         except FileNotFoundError:
-            return "no manifest: save incomplete or interrupted"
+            return _NO_MANIFEST
         except OSError as e:
             return f"manifest unreadable: {e!r}"
         try:
@@ -815,6 +819,8 @@ class Checkpointer:
                 self._storage.delete(dirname, uuid.uuid4().hex[:12])
         now = time.time()
         for item in ignored:
+            if not item.collectable:
+                continue  # unreadable or foreign: maybe committed; a person decides
             if item.name.startswith(TRASH_PREFIX):
                 self._storage.remove_tree(item.name)
                 continue
@@ -832,6 +838,9 @@ class Checkpointer:
             raise
         except OSError as e:
             raise StorageError(f"{what} {self.url} failed: {e!r}") from e
+
+
+_NO_MANIFEST = "no manifest: save incomplete or interrupted"
 
 
 def _check_step(step: Any) -> None:

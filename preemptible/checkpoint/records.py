@@ -28,6 +28,9 @@ class IgnoredDir:
     name: str
     reason: str
     mtime: float | None = None  # as listed; None where the store gives no time for directories
+    collectable: bool = False
+    """Garbage once stale: an interrupted save or deletion. A step directory whose manifest is
+    unreadable, corrupt or foreign is never collected: it may be a committed checkpoint."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

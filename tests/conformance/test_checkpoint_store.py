@@ -213,6 +213,28 @@ def test_stale_incomplete_saves_are_garbage_collected_fresh_ones_kept(root):
     assert not fs.exists(f"{root.path}/step-000000000003/data-00000.x.bin")
 
 
+def test_step_directories_with_an_unreadable_or_foreign_manifest_are_never_collected(root):
+    fs = root.fs
+    _plant(root, "step-000000000003/manifest.json", b"{not json")
+    _plant(root, "step-000000000003/data-00000.x.bin", b"maybe committed")
+    ckpt = root.checkpointer(stale_after_seconds=1e-6)
+    ckpt.save(4, make_state(4))
+    _plant(
+        root,
+        "step-000000000007/manifest.json",
+        fs.cat_file(f"{root.path}/step-000000000004/manifest.json"),
+    )
+    ckpt.save(8, make_state(8))
+    fs.invalidate_cache()
+    assert fs.exists(f"{root.path}/step-000000000003/data-00000.x.bin")
+    assert fs.exists(f"{root.path}/step-000000000007/manifest.json")  # says step 4: foreign
+    _, ignored = ckpt.scan()
+    assert {i.name: i.collectable for i in ignored} == {
+        "step-000000000003": False,
+        "step-000000000007": False,
+    }
+
+
 def test_restore_with_keys_the_checkpoint_lacks_says_which(root):
     ckpt = root.checkpointer()
     ckpt.save(1, {"model": torch.nn.Linear(2, 2)})
