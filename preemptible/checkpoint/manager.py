@@ -252,8 +252,8 @@ class Checkpointer:
         group: Any = None,
     ) -> CheckpointInfo:
         info = self._write(step, flat, metadata, started, group=group)
-        elapsed = time.perf_counter() - started
-        self._record(step, info, stall=elapsed, started=started)
+        self._cost.record_stall(time.perf_counter() - started)
+        self._record(step, info, started=started)
         return info
 
     def _save_in_background(
@@ -298,17 +298,15 @@ class Checkpointer:
                 return self._write(step, snapshot, metadata, started, devices=devices, group=group)
 
         stall = time.perf_counter() - started
+        self._cost.record_stall(stall)
         handle = SaveHandle(
-            step,
-            stall,
-            mode.value,
-            self._executor().submit(self._finish, step, persist, stall, started),
+            step, stall, mode.value, self._executor().submit(self._finish, step, persist, started)
         )
         self._in_flight = handle
         return handle
 
     def _finish(
-        self, step: int, persist: Callable[[], CheckpointInfo], stall: float, started: float
+        self, step: int, persist: Callable[[], CheckpointInfo], started: float
     ) -> CheckpointInfo:
         """Runs on the background thread: persist, record, clean up; keep any error for later."""
         try:
@@ -317,13 +315,12 @@ class Checkpointer:
             log.error("background save of step %d failed: %s", step, e)
             self._failed = (step, e)
             raise
-        self._record(step, info, stall=stall, started=started)
+        self._record(step, info, started=started)
         return info
 
-    def _record(self, step: int, info: CheckpointInfo, *, stall: float, started: float) -> None:
+    def _record(self, step: int, info: CheckpointInfo, *, started: float) -> None:
         self._cost.record_save(
             step=step,
-            stall_seconds=stall,
             persist_seconds=time.perf_counter() - started,
             nbytes=info.bytes,
             at=time.time(),

@@ -33,8 +33,9 @@ class Summary:
 class CheckpointCost:
     """A snapshot of measured checkpoint costs.
 
-    ``stall`` is the time the training loop was blocked by a save; ``persist`` the time until
-    the checkpoint was durable; ``save`` equals ``persist`` for blocking saves.
+    ``stall`` is the time the training loop was blocked by a save, known as soon as the save
+    returns; ``persist`` the time until the checkpoint was durable; ``save`` is ``persist``
+    under the name DESIGN.md's cost file uses.
     """
 
     save: Summary
@@ -67,7 +68,6 @@ class CostTracker:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._save: deque[float] = deque(maxlen=_WINDOW)
         self._stall: deque[float] = deque(maxlen=_WINDOW)
         self._persist: deque[float] = deque(maxlen=_WINDOW)
         self._restore: deque[float] = deque(maxlen=_WINDOW)
@@ -75,12 +75,15 @@ class CostTracker:
         self._last_step: int | None = None
         self._last_time: float | None = None
 
-    def record_save(
-        self, *, step: int, stall_seconds: float, persist_seconds: float, nbytes: int, at: float
-    ) -> None:
+    def record_stall(self, seconds: float) -> None:
+        """How long a save blocked the loop; recorded when it returns, not when it is durable,
+        so that a schedule that needs it (interval="auto") has it at the next step."""
         with self._lock:
-            self._save.append(persist_seconds)
-            self._stall.append(stall_seconds)
+            self._stall.append(seconds)
+
+    def record_save(self, *, step: int, persist_seconds: float, nbytes: int, at: float) -> None:
+        """A save became durable ``persist_seconds`` after it started."""
+        with self._lock:
             self._persist.append(persist_seconds)
             self._bytes = nbytes
             self._last_step, self._last_time = step, at
@@ -91,10 +94,11 @@ class CostTracker:
 
     def snapshot(self) -> CheckpointCost:
         with self._lock:
+            persist = Summary.of(list(self._persist))
             return CheckpointCost(
-                save=Summary.of(list(self._save)),
+                save=persist,
                 stall=Summary.of(list(self._stall)),
-                persist=Summary.of(list(self._persist)),
+                persist=persist,
                 restore=Summary.of(list(self._restore)),
                 bytes=self._bytes,
                 last_checkpoint_step=self._last_step,

@@ -51,6 +51,14 @@ def test_a_second_save_waits_for_the_first_so_at_most_one_is_in_flight(async_ckp
     assert cost.save.count == 2 and cost.stall.last <= cost.persist.last
 
 
+def test_the_stall_is_known_when_the_handle_returns_before_the_save_is_durable(async_ckpt):
+    handle = async_ckpt.save(1, make_state(1, mib=32), blocking=False)
+    cost = async_ckpt.cost  # what interval="auto" reads at the very next step
+    assert cost.stall.count == 1 and cost.stall.last == pytest.approx(handle.stall_seconds)
+    handle.wait()
+    assert async_ckpt.cost.persist.count == 1
+
+
 def test_a_failed_background_save_surfaces_on_the_next_call_and_in_the_log(caplog):
     faulty_fs.PLAN.fail_after_bytes, faulty_fs.PLAN.written = 100, 0
     try:
