@@ -51,6 +51,8 @@ class SaveSchedule:
             raise ConfigError(
                 "interval='auto' computes the interval; do not also pass every_seconds"
             )
+        if self.auto and self.mtbf_seconds is None:
+            self.mtbf_seconds = self.resolved_mtbf()  # once, at start: not at every step
 
     def resolved_mtbf(self) -> float:
         if self.mtbf_seconds is not None:

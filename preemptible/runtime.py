@@ -181,7 +181,10 @@ class Context:
         if self._unreported is not None and self._unreported.done():
             self._unreported = None
             self._report()  # a background save finished: its cost is known now
-        stall_p95 = self.cost.stall.p95 if self.cost.stall.count else None
+        stall_p95 = None
+        if self.schedule.auto:  # only the Young/Daly interval needs the measured stall
+            stall = self.cost.stall
+            stall_p95 = stall.p95 if stall.count else None
         due = self._save_requested or self.schedule.should_save(
             step, now=time.monotonic(), last_save_at=self._last_save_at, stall_p95=stall_p95
         )
@@ -235,7 +238,8 @@ class Context:
                 log.warning("could not write the cost file %s: %r", self._cost_file, e)
         if not self._warned_setup:
             self._warned_setup = True
-            for warning in check_signal_setup(self.run_env, cost.save.p95):
+            grace = self.guard.grace_seconds
+            for warning in check_signal_setup(self.run_env, cost.save.p95, grace_seconds=grace):
                 log.warning(warning)
 
     def close(self) -> None:

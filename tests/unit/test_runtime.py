@@ -4,6 +4,7 @@ in tests/integration), exits are SystemExit, and every checkpoint is real, on a 
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -161,3 +162,11 @@ def _after_fixing_storage(wait):
             faulty_fs.PLAN.fail_after_bytes = None  # the disk is back for the final save
 
     return fixed
+
+
+def test_a_grace_shorter_than_the_measured_save_is_warned_about(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("PREEMPTIBLE_GRACE_SECONDS", "0.000001")  # shorter than any real save
+    seen: list[int] = []
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        make_train(tmp_path, seen, async_save=False)(total=2)
+    assert "The grace period (1e-06s) is shorter than a save" in caplog.text
