@@ -288,13 +288,18 @@ class Simulator:
         if self.state.nominated:
             self.state.expire_nominations(now - self.config.preemption.grace_max_s - 60.0)
         for admit in result.admit:
-            self._start(admit.job_id, admit.placement, now, on_loan=admit.on_loan)
+            self._start(admit.job_id, admit.placement, now, loan_for=admit.loan_for)
         for pre in result.preempt:
             self._preempt(pre.job_id, pre.grace_s, pre.for_job, now)
         return result.fragmentation, result.rerun
 
     def _start(
-        self, job_id: str, placement: tuple[tuple[int, int], ...], now: float, *, on_loan: bool
+        self,
+        job_id: str,
+        placement: tuple[tuple[int, int], ...],
+        now: float,
+        *,
+        loan_for: str | None,
     ) -> None:
         job = self.state.withdraw(job_id)
         rec = self.records[job_id]
@@ -306,7 +311,7 @@ class Simulator:
         rec.run_token += 1
         remaining = rec.trace.duration_s - rec.saved_s
         finish_at = now + job.restore_s + remaining
-        running = RunningJob(job=job, started_at=now, placement=placement, on_loan=on_loan)
+        running = RunningJob(job=job, started_at=now, placement=placement, loan_for=loan_for)
         expected = now + job.expected_runtime_s(self.config.policy.default_estimate_s)
         self.state.start(running, expected_end=expected)
         self.tracker.advance(now)

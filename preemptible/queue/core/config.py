@@ -81,7 +81,8 @@ class PreemptionSettings:
     cooldown_s: float = 1800.0
     """A job preempted less than this long ago is not preempted again."""
     queue_budget_per_hour: int = 20
-    """At most this many jobs of one queue are preempted per rolling hour."""
+    """No tier-preemption search takes victims from a queue that lost this many jobs in the
+    rolling hour (checked before each search, which may take several)."""
     enabled: bool = True
     """False turns preemption off (reclaim included)."""
 

@@ -44,7 +44,7 @@ from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.core.fair_share import dominant_share, fair_share_value, weight_fractions
 from preemptible.queue.core.model import Admit, CycleResult, Job, Preempt, Reserve, Tier
 from preemptible.queue.core.policy import Ordering, Policy
-from preemptible.queue.core.preemption import find_victims
+from preemptible.queue.core.preemption import find_victims, victim_grace_s
 from preemptible.queue.core.quota import QuotaVerdict, check_quota, describe_limit, is_borrowing
 from preemptible.queue.core.state import GroupKey, Snapshot
 
@@ -236,14 +236,14 @@ class _Cycle:
                     f"admitted on loan: may delay {head}, which may preempt it once it has run "
                     "its minimum runtime",
                     backfill=True,
-                    on_loan=True,
+                    loan_for=head,
                 )
                 return "next"
             self.reasons[job.id] = (
                 f"pending: would delay the reservation of {self.reservation.job_id}"
             )
-            if job.estimate_s is None:
-                return "skip"  # the rest of the group has the same shape and estimate
+            if job.estimate_s is None and not self._loans_depend_on_the_job(job):
+                return "skip"  # the rest of the group has the same shape (and no estimate)
             depth[gkey] = depth.get(gkey, 0) + 1
             return "next" if depth[gkey] < settings.backfill_depth else "skip"
         # It does not fit now.
@@ -292,7 +292,7 @@ class _Cycle:
         reason: str,
         *,
         backfill: bool = False,
-        on_loan: bool = False,
+        loan_for: str | None = None,
     ) -> None:
         req = job.request.as_tuple()
         a = self.alloc[job.queue]
@@ -314,19 +314,26 @@ class _Cycle:
                 placement=placement,
                 borrowing=verdict is QuotaVerdict.BORROWING,
                 backfill=backfill,
-                on_loan=on_loan,
+                loan_for=loan_for,
                 reason=reason,
             )
         )
 
     def _may_loan(self, job: Job) -> bool:
-        """Whether `job` may start on loan ahead of the reservation (it checkpoints on notice
-        and was not preempted within the cooldown, so a loan costs it a save and a restore at
-        most)."""
-        if not (self.policy.loan_backfill and job.checkpoint_on_notice):
+        """Whether `job` may start on loan ahead of the reservation: it saves on notice within
+        its grace (so taking it back costs a save and a restore) and was not preempted within
+        the cooldown."""
+        if not self._loans_depend_on_the_job(job):
+            return False
+        if job.save_s > victim_grace_s(job, self.policy, self.config.preemption):
             return False
         last = job.last_preempted_at
         return last is None or self.now - last >= self.config.preemption.cooldown_s
+
+    def _loans_depend_on_the_job(self, job: Job) -> bool:
+        """Whether a loan refused to `job` may still go to another job of its group (the save
+        cost and the last preemption are the job's, not the group's)."""
+        return self.policy.loan_backfill and job.checkpoint_on_notice
 
     def _admit_reason(self, job: Job, verdict: QuotaVerdict) -> str:
         if not self.policy.quotas:
@@ -363,10 +370,8 @@ class _Cycle:
 
     def _maybe_preempt(self, job: Job, verdict: QuotaVerdict) -> bool:
         key = (job.queue, job.tier.rank, job.request.gpus)
-        # The first blocked job is the one the reservation is for: it may take back loans.
-        take_loans = (
-            self.policy.loan_backfill and self.reservation is None and self.st.loan_gpus > 0
-        )
+        # The first blocked job holds the reservation: it may take back what was lent ahead of it.
+        take_loans = self.reservation is None and job.id in self.st.loans
         # Backing off is for tier preemption only: a job within nominal quota must be able to
         # reclaim as soon as capacity it is owed is held by borrowers (the one-grace guarantee),
         # and the reserved job must get its loans back as soon as they have run long enough.
@@ -375,7 +380,8 @@ class _Cycle:
         smaller_failed = any(  # a smaller job of this kind found nothing in this cycle
             q == key[0] and r == key[1] and g <= key[2] for q, r, g in self.failed_here
         )
-        if not take_loans and (backed_off or smaller_failed):
+        loans_only = backed_off or smaller_failed
+        if loans_only and not take_loans:
             return False
         if self.policy.anti_thrashing and 0 < job.request.gpus <= self.incoming:
             # Capacity already being freed by earlier preemptions covers it: do not preempt more.
@@ -394,13 +400,14 @@ class _Cycle:
             settings=self.config.preemption,
             taken=self.taken,
             take_loans=take_loans,
+            tier=not loans_only,
             budget_used=self.budget_used,
             cost_cache=self.cost_cache,
             candidate_cache=self.candidate_cache,
         )
         if plan is None:
             self.failed_here.append(key)
-            if not guaranteed:
+            if not (guaranteed or loans_only):
                 self.failed.append(key)
             else:
                 self.rerun = True
@@ -457,7 +464,7 @@ class _Cycle:
         p = self.policy
         if p.tier_preemption and any(self.st.tier_gpus[:3]):
             return True
-        if p.loan_backfill and self.st.loan_gpus > 0:
+        if self.st.loans:
             return True
         if p.reclaim and p.quotas:
             return any(is_borrowing(q, self.alloc[n]) for n, q in self.st.queues.items())

@@ -194,9 +194,9 @@ class RunningJob:
     """Last completed checkpoint, if known; otherwise derived from the interval."""
     terminating: bool = False
     """A preemption notice was sent; it still holds its resources until it exits."""
-    on_loan: bool = False
-    """Started ahead of a reserved job although it may delay it: the holder of a reservation
-    may preempt it once it has run its minimum runtime (see `Policy.loan_backfill`)."""
+    loan_for: str | None = None
+    """The reserved job it started ahead of although it may delay it: that job may preempt it
+    once it has run its minimum runtime (`Policy.loan_backfill`); None when not on loan."""
 
     def checkpoint_time(self, now: float) -> float:
         """The latest time at which this run's progress was saved (the run start if never)."""
@@ -222,8 +222,8 @@ class Admit:
     """True when part of it runs on borrowed (reclaimable) capacity."""
     backfill: bool = False
     """True when it was started ahead of a reserved head job."""
-    on_loan: bool = False
-    """True when it may delay the reserved job and so may be preempted by it (`RunningJob`)."""
+    loan_for: str | None = None
+    """The reserved job it may delay and so may be preempted by (`RunningJob.loan_for`)."""
     reason: str = ""
 
 
@@ -240,7 +240,7 @@ class Preempt:
     reclaim: bool = False
     """True when it reclaims borrowed capacity rather than serving a higher tier."""
     loan: bool = False
-    """True when the job it is freed for takes back capacity lent to it (`RunningJob.on_loan`)."""
+    """True when the job it is freed for takes back capacity lent to it (`RunningJob.loan_for`)."""
     reason: str = ""
 
 

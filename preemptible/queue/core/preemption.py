@@ -10,9 +10,10 @@ Three reasons allow a preemption:
    not preempted within the cooldown, and its queue has budget left this hour. Victims come from
    the blocked job's own queue, or (ours) from other queues' borrowed capacity, never from another
    queue's guaranteed share.
-3. loan: the victim started on loan ahead of a reservation (`RunningJob.on_loan`), the blocked
-   job is the one the reservation is for, the victim's tier is not higher, and it has run for
-   its minimum runtime. It was admitted on exactly that condition.
+3. loan: the victim started on loan ahead of the blocked job's reservation (`loan_for`), and
+   the blocked job still holds it; the victim's tier is not higher, it has run for its minimum
+   runtime, and it is in the blocked job's queue or its queue is borrowing (work within a
+   queue's nominal quota is never taken). It was admitted on exactly that condition.
 
 Among the allowed victims we look for a set that makes the job fit at the least lost work:
 GPU-seconds since each victim's last checkpoint (only its save time when it checkpoints on
@@ -30,7 +31,7 @@ from typing import Literal
 from preemptible.queue.core.config import PreemptionSettings
 from preemptible.queue.core.model import _TIER_RANK as _RANK
 from preemptible.queue.core.model import Job, RunningJob
-from preemptible.queue.core.negotiation import grace_seconds
+from preemptible.queue.core.negotiation import grace_seconds, min_runtime_seconds
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.policy import Policy, VictimOrder
 from preemptible.queue.core.quota import QuotaVerdict, check_quota, is_borrowing
@@ -97,6 +98,7 @@ def find_victims(
     taken: set[str],
     budget_used: MutableMapping[str, int],
     take_loans: bool = False,
+    tier: bool = True,
     cost_cache: dict[str, tuple[tuple, float, float]] | None = None,
     candidate_cache: dict[tuple, list] | None = None,
 ) -> VictimPlan | None:
@@ -105,7 +107,8 @@ def find_victims(
     `cost_cache` and `candidate_cache` belong to one cycle: prices do not depend on the
     preemptor, and the eligible set only on its queue and tier while allocations are unchanged
     (the caller clears `candidate_cache` when it admits a job). `take_loans`: `job` holds the
-    reservation, so jobs on loan ahead of it are candidates too.
+    reservation, so jobs on loan to it are candidates too; `tier=False` leaves tier victims out
+    (their search is backed off).
     """
     queues = state.queues
     queue = queues[job.queue]
@@ -116,15 +119,15 @@ def find_victims(
         verdict = QuotaVerdict.WITHIN_NOMINAL
     can_reclaim = policy.reclaim and policy.quotas and verdict is QuotaVerdict.WITHIN_NOMINAL
     rank = job.tier.rank
-    can_tier = policy.tier_preemption and any(state.tier_gpus[t] for t in range(rank))
-    take_loans = take_loans and state.loan_gpus > 0
+    can_tier = tier and policy.tier_preemption and any(state.tier_gpus[t] for t in range(rank))
+    take_loans = take_loans and job.id in state.loans
     if not (can_reclaim or can_tier or take_loans):
         return None
     borrowing = {name: is_borrowing(q, alloc[name]) for name, q in queues.items()}
     if not (can_tier or take_loans or any(borrowing.values())):
         return None
 
-    cache_key = (job.queue, rank, can_reclaim, can_tier, take_loans)
+    cache_key = (job.queue, rank, can_reclaim, can_tier, job.id if take_loans else None)
     if candidate_cache is not None and cache_key in candidate_cache:
         candidates = [c for c in candidate_cache[cache_key] if c[1].job.id not in taken]
         if not candidates:
@@ -137,25 +140,25 @@ def find_victims(
     # A borrower that takes another queue's borrowed capacity runs on borrowed capacity itself:
     # the victim's queue can reclaim it back at once, so the save is lost for nothing.
     across = policy.tier_preemption_across_queues and verdict is not QuotaVerdict.BORROWING
-    min_rt, multiple = settings.min_runtime_s, settings.min_runtime_multiple
     cooldown = settings.cooldown_s
     for vq, running in state.running_by_queue.items():
         reclaim_q = can_reclaim and borrowing[vq] and vq != job.queue
         tier_q = can_tier and (vq == job.queue or (across and borrowing[vq]))
-        if not (reclaim_q or tier_q or take_loans) or not running:
+        loan_q = take_loans and (vq == job.queue or borrowing[vq])
+        if not (reclaim_q or tier_q or loan_q) or not running:
             continue
         if tier_q and policy.anti_thrashing:
             tier_q = queue_budget_left(state, vq, now, settings, budget_used.get(vq, 0)) > 0
-            if not (reclaim_q or tier_q or take_loans):
+            if not (reclaim_q or tier_q or loan_q):
                 continue
         for rj in running.values():
             vjob = rj.job
             if rj.terminating or vjob.id in taken:
                 continue
             tier_ok = tier_q and _RANK[vjob.tier] < rank
-            loan_ok = take_loans and rj.on_loan and _RANK[vjob.tier] <= rank
+            loan_ok = loan_q and rj.loan_for == job.id and _RANK[vjob.tier] <= rank
             if (tier_ok or loan_ok) and policy.protect_min_runtime:
-                floor = max(min_rt, multiple * (vjob.save_s + vjob.restore_s))
+                floor = min_runtime_seconds(vjob.save_s, vjob.restore_s, settings)
                 ran_enough = now - rj.started_at >= floor
                 tier_ok, loan_ok = tier_ok and ran_enough, loan_ok and ran_enough
             if tier_ok and policy.anti_thrashing:

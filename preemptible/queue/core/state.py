@@ -72,8 +72,8 @@ class ClusterState:
         """GPUs held by jobs that were told to go and have not exited yet."""
         self.tier_gpus: list[int] = [0, 0, 0, 0]
         """GPUs held by non-terminating running jobs, per tier rank."""
-        self.loan_gpus = 0
-        """GPUs held by non-terminating running jobs on loan (`RunningJob.on_loan`)."""
+        self.loans: dict[str, int] = {}
+        """Reserved job id -> GPUs held on loan to it by non-terminating jobs (`loan_for`)."""
         self.pool: NodePool | None = (
             NodePool(cluster.nodes, cluster.gpus_per_node)
             if cluster.nodes and cluster.gpus_per_node
@@ -131,8 +131,8 @@ class ClusterState:
         self.used[2] += r.memory_gb
         if not running.terminating:
             self.tier_gpus[job.tier.rank] += r.gpus
-            if running.on_loan:
-                self.loan_gpus += r.gpus
+            if running.loan_for is not None:
+                self._lend(running.loan_for, r.gpus)
         else:
             self.terminating_gpus += r.gpus
         if self.pool is not None:
@@ -151,8 +151,8 @@ class ClusterState:
         self.running[job_id] = updated
         self.running_by_queue[running.job.queue][job_id] = updated
         self.tier_gpus[running.job.tier.rank] -= running.job.request.gpus
-        if running.on_loan:
-            self.loan_gpus -= running.job.request.gpus
+        if running.loan_for is not None:
+            self._lend(running.loan_for, -running.job.request.gpus)
         self.terminating_gpus += running.job.request.gpus
         self._move_end(job_id, expected_end)
 
@@ -171,8 +171,8 @@ class ClusterState:
         self.used[2] -= r.memory_gb
         if not running.terminating:
             self.tier_gpus[job.tier.rank] -= r.gpus
-            if running.on_loan:
-                self.loan_gpus -= r.gpus
+            if running.loan_for is not None:
+                self._lend(running.loan_for, -r.gpus)
         else:
             self.terminating_gpus -= r.gpus
         if self.pool is not None:
@@ -183,6 +183,13 @@ class ClusterState:
         i = bisect.bisect_left(self.ends, (end, job_id))
         del self.ends[i]
         return running
+
+    def _lend(self, to: str, gpus: int) -> None:
+        left = self.loans.get(to, 0) + gpus
+        if left > 0:
+            self.loans[to] = left
+        else:
+            self.loans.pop(to, None)
 
     def _move_end(self, job_id: str, end: float) -> None:
         old = self._end_of[job_id]

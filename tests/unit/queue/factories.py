@@ -46,9 +46,9 @@ def job(
 
 
 def running(
-    j: Job, *, started: float = 0.0, ckpt: float | None = None, on_loan: bool = False
+    j: Job, *, started: float = 0.0, ckpt: float | None = None, loan_for: str | None = None
 ) -> RunningJob:
-    return RunningJob(job=j, started_at=started, last_checkpoint_at=ckpt, on_loan=on_loan)
+    return RunningJob(job=j, started_at=started, last_checkpoint_at=ckpt, loan_for=loan_for)
 
 
 def config(

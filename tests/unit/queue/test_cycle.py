@@ -195,7 +195,7 @@ def test_work_that_would_delay_the_reservation_starts_on_loan_if_it_saves_on_not
     ]
     r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, OURS, cfg)
     assert r.reserve[0].job_id == "head"
-    assert admitted(r) == ["aware"] and r.admit[0].on_loan and r.admit[0].backfill
+    assert admitted(r) == ["aware"] and r.admit[0].loan_for == "head" and r.admit[0].backfill
     assert "admitted on loan: may delay head" in r.reason_for("aware")
     assert "would delay the reservation of head" in r.reason_for("plain")
     assert "would delay the reservation of head" in r.reason_for("burnt")
@@ -207,7 +207,7 @@ def test_work_that_would_delay_the_reservation_starts_on_loan_if_it_saves_on_not
 
 def test_the_reserved_job_takes_its_loans_back_after_their_minimum_runtime():
     cfg = config(gpus=4, queues={"a": (1.0, 0, INF)})  # all borrowing: no reclaim
-    loan = running(job("loan", gpus=2, save=10.0, restore=10.0), started=0.0, on_loan=True)
+    loan = running(job("loan", gpus=2, save=10.0, restore=10.0), started=0.0, loan_for="head")
     plain = running(job("plain", gpus=2, save=10.0, restore=10.0), started=0.0)  # not on loan
     head = job("head", gpus=2, at=0)
     both = snapshot(cfg, pending=[head], running_jobs=[loan, plain])
@@ -221,16 +221,46 @@ def test_the_reserved_job_takes_its_loans_back_after_their_minimum_runtime():
 def test_loans_go_back_only_to_the_first_blocked_job_of_an_equal_or_higher_tier():
     cfg = config(gpus=4, queues={"a": (1.0, 0, INF)})  # all borrowing: no reclaim
     long_ago = 1e5
-    high_loan = running(job("high-loan", gpus=2, tier="high"), started=0.0, on_loan=True)
+    high_loan = running(job("high-loan", gpus=2, tier="high"), started=0.0, loan_for="head")
     other = running(job("x", gpus=2, estimate=1e6), started=0.0)
     lower = snapshot(cfg, pending=[job("head", gpus=2)], running_jobs=[high_loan, other])
     assert preempted(schedule(lower, long_ago, OURS, cfg)) == []
-    loan = running(job("loan", gpus=2), started=0.0, on_loan=True)
+    loan = running(job("loan", gpus=2), started=0.0, loan_for="head")
     # The head needs the whole cluster: the loan alone does not make it fit, so it reserves,
     # and the job behind it may not take the loan back.
     pending = [job("head", gpus=4, at=0), job("second", gpus=2, at=1)]
     r = schedule(snapshot(cfg, pending=pending, running_jobs=[loan, other]), long_ago, OURS, cfg)
     assert preempted(r) == [] and r.reserve[0].job_id == "head"
+
+
+def test_a_loan_goes_back_only_to_the_job_it_was_lent_ahead_of():
+    cfg = config(gpus=4, queues={"a": (1.0, 0, INF)})
+    lent_elsewhere = running(job("loan", gpus=2), started=0.0, loan_for="someone-else")
+    other = running(job("x", gpus=2, estimate=1e6), started=0.0)
+    snap = snapshot(cfg, pending=[job("head", gpus=4)], running_jobs=[lent_elsewhere, other])
+    r = schedule(snap, 1e5, OURS, cfg)
+    assert preempted(r) == [] and r.reserve[0].job_id == "head"
+
+
+def test_work_within_its_queues_nominal_quota_is_never_taken_back_as_a_loan():
+    cfg = config(gpus=8, queues={"a": (1.0, 4, INF), "b": (1.0, 4, INF)})
+    b_loan = running(job("b-loan", queue="b", gpus=4), started=0.0, loan_for="a-big")
+    snap = snapshot(cfg, pending=[job("a-big", queue="a", gpus=8)], running_jobs=[b_loan])
+    assert preempted(schedule(snap, 1e5, OURS, cfg)) == []  # b holds only its nominal 4 GPUs
+
+
+def test_a_loan_refused_to_one_job_still_goes_to_the_rest_of_its_group():
+    cfg = config(gpus=4, queues={"a": (1.0, 0, INF)})
+    busy = [running(job("x", gpus=2, estimate=3600.0, restore=0.0), started=0.0)]
+    pending = [
+        job("head", gpus=4, at=0, tier="high"),
+        job("burnt", gpus=1, at=1, preempted_at=90.0),  # within the cooldown: no loan
+        job("fresh", gpus=1, at=2),  # same group, no estimate
+        job("slow", gpus=1, at=3, save=1000.0),  # its save exceeds any grace: no loan
+    ]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, OURS, cfg)
+    assert admitted(r) == ["fresh"] and r.admit[0].loan_for == "head"
+    assert "would delay the reservation of head" in r.reason_for("slow")
 
 
 def test_without_backfill_setting_no_reservation_is_made():

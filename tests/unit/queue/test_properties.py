@@ -56,7 +56,7 @@ def workloads(draw):
                     aware=draw(st.booleans()),
                 ),
                 started_at=now - draw(st.floats(0, 3000)),
-                on_loan=draw(st.booleans()),
+                loan_for=draw(st.sampled_from([None, None, "p0", "p1"])),
             )
         )
     pending = [
@@ -123,7 +123,7 @@ def test_preemption_respects_tier_min_runtime_and_guarantees(w):
             assert is_borrowing(cfg.queue(victim.job.queue), alloc[victim.job.queue])
         else:
             if p.loan:
-                assert victim.on_loan and policy.loan_backfill
+                assert victim.loan_for == preemptor.id and policy.loan_backfill
                 assert victim.job.tier.rank <= preemptor.tier.rank
             else:
                 assert victim.job.tier.rank < preemptor.tier.rank
