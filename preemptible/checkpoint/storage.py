@@ -250,7 +250,18 @@ class FsspecStorage(CheckpointStorage):
         self.fs.invalidate_cache(self._path(step_dir))
         if self.fs.exists(path):
             return False
-        self.fs.pipe_file(path, manifest)
+        try:  # an exclusive write (S3: If-None-Match), so that of two racing writers one wins
+            self.fs.pipe_file(path, manifest, mode="create")
+        except FileExistsError:
+            return False
+        except OSError as e:
+            # Some stores report the failed precondition as another error (SeaweedFS: HTTP 412
+            # without the condition's name); the manifest there tells who won.
+            self.fs.invalidate_cache(self._path(step_dir))
+            try:
+                return self.fs.cat_file(path) == manifest
+            except FileNotFoundError:
+                raise e from None
         return True
 
     def abort(self, staging: Staging) -> None:

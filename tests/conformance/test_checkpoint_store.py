@@ -200,6 +200,24 @@ def test_a_committed_step_is_never_overwritten_by_a_second_writer(root):
     assert len(files) == info.files + 1  # the loser's files are gone: data + index + manifest
 
 
+def test_a_writer_that_raced_past_the_existence_check_still_loses(root, monkeypatch):
+    if not root.backend.startswith("s3"):
+        pytest.skip("the race needs two processes here; only a server decides it for real")
+    first, second = root.checkpointer(), root.checkpointer()
+    first.save(5, make_state(5))
+    fs = second.storage.fs
+    real_exists = fs.exists
+    # Both writers checked before either wrote: the store's exclusive write must decide.
+    monkeypatch.setattr(
+        fs, "exists", lambda p, **kw: False if p.endswith("manifest.json") else real_exists(p, **kw)
+    )
+    info = second.save(5, make_state(99))
+    monkeypatch.undo()
+    assert info.step == 5
+    assert_same(make_state(5), second.load(5))
+    assert first.verify(5).ok
+
+
 def test_stale_incomplete_saves_are_garbage_collected_fresh_ones_kept(root):
     fs = root.fs
     _plant(root, "step-000000000003/data-00000.x.bin", b"partial")
