@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, overload
 
@@ -58,6 +58,7 @@ from preemptible.checkpoint.stats import CheckpointCost, CostTracker
 from preemptible.checkpoint.storage import (
     CheckpointStorage,
     CommitMode,
+    Entry,
     LocalStorage,
     Staging,
     open_storage,
@@ -468,11 +469,16 @@ class Checkpointer:
 
     def latest(self) -> CheckpointInfo | None:
         """The committed checkpoint with the highest step, or None."""
-        for dirname in sorted(self._step_dirs(), key=parse_step_dirname, reverse=True):
+        for dirname, manifest in self._newest_first():
+            return self._info(dirname, manifest)
+        return None
+
+    def _newest_first(self) -> Iterator[tuple[str, Manifest]]:
+        """Committed checkpoints, newest first, reading each manifest only when it is reached."""
+        for dirname in reversed(self._step_dirs()):
             manifest = self._read_manifest(dirname)
             if manifest is not None:
-                return self._info(dirname, manifest)
-        return None
+                yield dirname, manifest
 
     def scan(self) -> tuple[list[CheckpointInfo], list[IgnoredDir]]:
         """Committed checkpoints, plus what else lies under the root and why it is ignored."""
@@ -481,10 +487,7 @@ class Checkpointer:
 
     def _scan(self) -> tuple[list[tuple[str, Manifest]], list[IgnoredDir]]:
         entries = self._guard_storage("listing", self._storage.list_root)
-        step_dirs = sorted(
-            (e.name for e in entries if e.is_dir and parse_step_dirname(e.name) is not None),
-            key=parse_step_dirname,
-        )
+        step_dirs = _step_dirs_of(entries)
         mtimes = {e.name: e.mtime for e in entries}
         committed: list[tuple[str, Manifest]] = []
         ignored: list[IgnoredDir] = []
@@ -511,8 +514,8 @@ class Checkpointer:
         return committed, ignored
 
     def _step_dirs(self) -> list[str]:
-        entries = self._guard_storage("listing", self._storage.list_root)
-        return [e.name for e in entries if e.is_dir and parse_step_dirname(e.name) is not None]
+        """Step directories under the root, oldest first (committed or not)."""
+        return _step_dirs_of(self._guard_storage("listing", self._storage.list_root))
 
     def _read_manifests(self, dirnames: list[str]) -> list[Manifest | str]:
         if len(dirnames) <= 1 or self._storage.commit_mode is CommitMode.RENAME:
@@ -609,7 +612,7 @@ class Checkpointer:
         if step is not None:
             dirname, manifest = self._committed_or_raise(step)
             return step, self._load_manifest(dirname, manifest, map_location, rank, live)
-        for dirname, manifest in reversed(self._scan()[0]):
+        for dirname, manifest in self._newest_first():
             try:
                 return manifest.step, self._load_manifest(
                     dirname, manifest, map_location, rank, live
@@ -720,12 +723,11 @@ class Checkpointer:
 
     def _committed_or_raise(self, step: int | None) -> tuple[str, Manifest]:
         if step is None:
-            latest = self.latest()
-            if latest is None:
-                raise CheckpointNotFoundError(
-                    f"no committed checkpoint under {self.url}; save one first or check the path"
-                )
-            step = latest.step
+            for newest in self._newest_first():
+                return newest
+            raise CheckpointNotFoundError(
+                f"no committed checkpoint under {self.url}; save one first or check the path"
+            )
         _check_step(step)
         dirname = step_dirname(step)
         manifest = self._manifest_or_reason(dirname)
@@ -750,14 +752,13 @@ class Checkpointer:
             CheckpointNotFoundError: no checkpoint directory for ``step`` (or none at all).
         """
         if step is None:
-            latest = self.latest()
-            if latest is None:
-                raise CheckpointNotFoundError(f"no committed checkpoint under {self.url}")
-            step = latest.step
-        _check_step(step)
-        dirname = step_dirname(step)
+            dirname, manifest = self._committed_or_raise(None)
+            step = manifest.step
+        else:
+            _check_step(step)
+            dirname = step_dirname(step)
+            manifest = self._manifest_or_reason(dirname)
         url = self._storage.describe(dirname)
-        manifest = self._manifest_or_reason(dirname)
         if not isinstance(manifest, Manifest):
             if dirname not in self._step_dirs():
                 raise CheckpointNotFoundError(f"no checkpoint for step {step} under {self.url}")
@@ -838,6 +839,11 @@ class Checkpointer:
 
 
 _NO_MANIFEST = "no manifest: save incomplete or interrupted"
+
+
+def _step_dirs_of(entries: list[Entry]) -> list[str]:
+    names = (e.name for e in entries if e.is_dir and parse_step_dirname(e.name) is not None)
+    return sorted(names, key=parse_step_dirname)
 
 
 def _check_step(step: Any) -> None:
