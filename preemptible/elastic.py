@@ -84,15 +84,11 @@ def forget_groups() -> None:
 class StepAgreement:
     """One small all-reduce per step boundary; a no-op without torch.distributed."""
 
-    def __init__(self) -> None:
-        self.rounds = 0
-
     def agree(self, stop: bool, save: bool) -> tuple[bool, bool]:
         if not is_distributed():
             return stop, save
         flags = torch.tensor([int(stop), int(save)], dtype=torch.int32)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=gloo_group("agreement"))
-        self.rounds += 1
         return bool(flags[0]), bool(flags[1])
 
     def same_step(self, step: int | None) -> int | None:

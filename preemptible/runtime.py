@@ -28,12 +28,11 @@ from preemptible.env import RunEnv, check_signal_setup
 from preemptible.errors import ConfigError, PreemptibleError
 from preemptible.interval import SaveSchedule
 from preemptible.rng import RNGState
-from preemptible.signals import PreemptionGuard
+from preemptible.signals import DEFAULT_SIGNALS, PreemptionGuard
 
 log = logging.getLogger("preemptible")
 
 RESERVED_KEY = "_preemptible"
-DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -36,7 +36,7 @@ def write_collectively(
     devices: list[str] | None,
     build_manifest: Callable[[dict[str, FileRecord], list[str]], Manifest],
     commit: Callable[[Staging, str, Manifest], Manifest],
-    sharded_dir: Callable[[Staging], str] | None = None,
+    sharded_dir: Callable[[str], str] | None = None,
 ) -> tuple[str, Manifest]:
     """All ranks call this for the same step; returns the committed step directory and manifest."""
     rank, world = rank_and_world()
@@ -54,7 +54,7 @@ def write_collectively(
     if opened[1] is not None:
         raise StorageError(f"saving step {step}: rank 0 could not start the save: {opened[1]}")
     if staging is None:
-        staging = Staging(step=step, dirname=opened[0][0], nonce=opened[0][1])
+        staging = Staging(dirname=opened[0][0], nonce=opened[0][1])
     # 2. Every rank writes its own files.
     mine: dict[str, Any]
     try:
@@ -70,7 +70,7 @@ def write_collectively(
         files = dict(written.files)
         if flat.sharded:
             assert sharded_dir is not None, "the manager checks where sharded tensors can go"
-            for name in sharded.save(sharded_dir(staging), flat.sharded, group):
+            for name in sharded.save(sharded_dir(staging.dirname), flat.sharded, group):
                 files[name] = io.file_record(storage, staging.dirname, name)
         mine = {
             "files": {n: [r.size, r.crc32c] for n, r in files.items()},

@@ -182,16 +182,11 @@ def check_file(
     on_bytes: Callable[[int], None] | None = None,
 ) -> str | None:
     """Stream one file and compare it with its record; returns what is wrong, or None."""
-    crc, size = 0, 0
     try:
-        with storage.open_read(dirname, name) as f:
-            while chunk := f.read(_VERIFY_CHUNK):
-                crc = crc32c.crc32c(chunk, crc)
-                size += len(chunk)
-                if on_bytes:
-                    on_bytes(len(chunk))
+        actual = file_record(storage, dirname, name, on_bytes)
     except FileNotFoundError:
         return "missing"
+    size, crc = actual.size, actual.crc32c
     if size != record.size:
         kind = "truncated" if size < record.size else "longer than recorded"
         return f"{kind}: {size} bytes, manifest says {record.size}"
@@ -200,13 +195,21 @@ def check_file(
     return None
 
 
-def file_record(storage: CheckpointStorage, dirname: str, name: str) -> FileRecord:
-    """Size and CRC32C of a file another writer produced (DCP's), read back once."""
+def file_record(
+    storage: CheckpointStorage,
+    dirname: str,
+    name: str,
+    on_bytes: Callable[[int], None] | None = None,
+) -> FileRecord:
+    """Size and CRC32C of a file as it is stored, streamed once (to verify it, or to record a
+    file another writer produced: DCP's)."""
     crc, size = 0, 0
     with storage.open_read(dirname, name) as f:
         while chunk := f.read(_VERIFY_CHUNK):
             crc = crc32c.crc32c(chunk, crc)
             size += len(chunk)
+            if on_bytes:
+                on_bytes(len(chunk))
     return FileRecord(size=size, crc32c=crc)
 
 

@@ -221,9 +221,10 @@ class Checkpointer:
             group = gloo_group("checkpoint")
         return group
 
-    def _sharded_dir(self, staging: Staging) -> str:
+    def _sharded_dir(self, dirname: str) -> str:
+        """Where DCP's files of a (staging or committed) checkpoint directory live."""
         assert isinstance(self._storage, LocalStorage)
-        return os.path.join(self._storage.root, staging.dirname, SHARDED_DIR)
+        return os.path.join(self._storage.root, dirname, SHARDED_DIR)
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for the save in flight, if any; returns its info or raises its error.
@@ -702,7 +703,7 @@ class Checkpointer:
                     )
         from preemptible.checkpoint import sharded
 
-        directory = os.path.join(self._storage.root, dirname, SHARDED_DIR)
+        directory = self._sharded_dir(dirname)
         targets = live() if live is not None else {}
         if not all(k in targets for k in keys):
             targets = sharded.full_size_targets(directory, keys)

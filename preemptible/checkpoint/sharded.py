@@ -23,9 +23,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import metadata as dcp_metadata
 
+from preemptible.checkpoint.manifest import SHARDED_DIR
+from preemptible.elastic import rank_and_world
 from preemptible.errors import CheckpointFormatError
-
-DCP_DIR = "dcp"
 
 _ALLOWED: dict[tuple[str, str], Any] = {
     ("torch.distributed.checkpoint.metadata", name): getattr(dcp_metadata, name)
@@ -98,11 +98,11 @@ class SafeFileSystemReader(dcp.FileSystemReader):
 def save(directory: str, tensors: dict[str, Any], group: Any) -> list[str]:
     """DCP-save ``tensors`` (all ranks); returns the names (``dcp/...``) this rank wrote."""
     dcp.save(tensors, storage_writer=dcp.FileSystemWriter(directory), process_group=group)
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    rank = rank_and_world()[0]
     mine = [n for n in os.listdir(directory) if n.startswith(f"__{rank}_")]
     if rank == 0:
         mine.append(".metadata")
-    return [f"{DCP_DIR}/{n}" for n in sorted(mine)]
+    return [f"{SHARDED_DIR}/{n}" for n in sorted(mine)]
 
 
 def load_into(directory: str, targets: dict[str, Any], group: Any = None) -> None:

@@ -49,7 +49,6 @@ class Entry:
 class Staging:
     """An in-progress save: where its files go and which ones it has written."""
 
-    step: int
     dirname: str
     nonce: str
     written: list[str] = field(default_factory=list)
@@ -94,9 +93,6 @@ class CheckpointStorage:
         raise NotImplementedError
 
     def read_bytes(self, dirname: str, name: str) -> bytes:
-        raise NotImplementedError
-
-    def sizes(self, dirname: str) -> dict[str, int]:
         raise NotImplementedError
 
     def newest_mtime(self, dirname: str) -> float | None:
@@ -145,7 +141,7 @@ class LocalStorage(CheckpointStorage):
         os.makedirs(self.root, exist_ok=True)
         dirname = f"{TMP_PREFIX}{step_dir}-{nonce}"
         os.mkdir(self._path(dirname))
-        return Staging(step=step, dirname=dirname, nonce=nonce)
+        return Staging(dirname=dirname, nonce=nonce)
 
     @contextlib.contextmanager
     def open_write(self, staging: Staging, name: str) -> Iterator[BinaryIO]:
@@ -181,14 +177,6 @@ class LocalStorage(CheckpointStorage):
     def read_bytes(self, dirname: str, name: str) -> bytes:
         with open(self._path(dirname, name), "rb") as f:
             return f.read()
-
-    def sizes(self, dirname: str) -> dict[str, int]:
-        out = {}
-        with os.scandir(self._path(dirname)) as it:
-            for e in it:
-                if e.is_file(follow_symlinks=False):
-                    out[e.name] = e.stat().st_size
-        return out
 
     def newest_mtime(self, dirname: str) -> float | None:
         path = self._path(dirname)
@@ -237,7 +225,7 @@ class FsspecStorage(CheckpointStorage):
 
     def begin(self, step_dir: str, step: int, nonce: str) -> Staging:
         self.fs.makedirs(self._path(step_dir), exist_ok=True)
-        return Staging(step=step, dirname=step_dir, nonce=nonce)
+        return Staging(dirname=step_dir, nonce=nonce)
 
     @contextlib.contextmanager
     def open_write(self, staging: Staging, name: str) -> Iterator[BinaryIO]:
@@ -274,13 +262,6 @@ class FsspecStorage(CheckpointStorage):
 
     def read_bytes(self, dirname: str, name: str) -> bytes:
         return self.fs.cat_file(self._path(dirname, name))
-
-    def sizes(self, dirname: str) -> dict[str, int]:
-        self.fs.invalidate_cache(self._path(dirname))
-        infos = self.fs.ls(self._path(dirname), detail=True)
-        return {
-            i["name"].rsplit("/", 1)[-1]: int(i["size"]) for i in infos if i.get("type") == "file"
-        }
 
     def newest_mtime(self, dirname: str) -> float | None:
         self.fs.invalidate_cache(self._path(dirname))
