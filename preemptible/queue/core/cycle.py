@@ -371,7 +371,9 @@ class _Cycle:
     def _maybe_preempt(self, job: Job, verdict: QuotaVerdict) -> bool:
         key = (job.queue, job.tier.rank, job.request.gpus)
         # The first blocked job holds the reservation: it may take back what was lent ahead of it.
-        take_loans = self.reservation is None and job.id in self.st.loans
+        take_loans = (
+            self.policy.loan_backfill and self.reservation is None and job.id in self.st.loans
+        )
         # Backing off is for tier preemption only: a job within nominal quota must be able to
         # reclaim as soon as capacity it is owed is held by borrowers (the one-grace guarantee),
         # and the reserved job must get its loans back as soon as they have run long enough.
@@ -464,7 +466,7 @@ class _Cycle:
         p = self.policy
         if p.tier_preemption and any(self.st.tier_gpus[:3]):
             return True
-        if self.st.loans:
+        if p.loan_backfill and self.st.loans:
             return True
         if p.reclaim and p.quotas:
             return any(is_borrowing(q, self.alloc[n]) for n, q in self.st.queues.items())
