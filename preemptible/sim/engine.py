@@ -84,7 +84,6 @@ class JobRecord:
     lost_log: list[tuple[float, float]] = field(default_factory=list)
     """(time, GPU-seconds) of every preemption's loss."""
     last_preempted_at: float | None = None
-    exiting: bool = False
 
 
 @dataclass(slots=True)
@@ -260,7 +259,6 @@ class Simulator:
         if token != rec.run_token or job_id not in self.state.running:
             return
         self._release(rec, now)
-        rec.exiting = False
         rec.pending_since = now
         self.state.submit(self._core_job(rec))
 
@@ -286,7 +284,7 @@ class Simulator:
                 result.failed_preemptions, now + self.options.preemption_retry_s
             )
         if self.state.nominated:
-            self.state.expire_nominations(now - self.config.preemption.grace_max_s - 60.0)
+            self.state.expire_nominations(now - self.config.preemption.nomination_window_s)
         for admit in result.admit:
             self._start(admit.job_id, admit.placement, now, loan_for=admit.loan_for)
         for pre in result.preempt:
@@ -356,7 +354,6 @@ class Simulator:
         rec.lost_log.append((now, lost))
         rec.saved_s = new_saved
         rec.run_token += 1
-        rec.exiting = True
         self.state.mark_terminating(job_id, expected_end=exit_at)
         self._push(exit_at, _EXIT, job_id, rec.run_token)
 
@@ -368,7 +365,7 @@ def _timeline(result: SimResult, bins: int) -> None:
     result.timeline_edges = [result.start_s + i * width for i in range(bins + 1)]
     series: dict[str, list[float]] = {}
     for rec in result.records:
-        for start, end in _runs(rec):
+        for start, end in rec.runs:
             row = series.setdefault(rec.trace.queue, [0.0] * bins)
             g = rec.trace.gpus
             i = int((start - result.start_s) / width)
@@ -379,7 +376,3 @@ def _timeline(result: SimResult, bins: int) -> None:
                 start = seg_end
                 i += 1
     result.timeline_gpu_s = series
-
-
-def _runs(rec: JobRecord) -> list[tuple[float, float]]:
-    return rec.runs

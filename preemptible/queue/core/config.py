@@ -86,6 +86,12 @@ class PreemptionSettings:
     enabled: bool = True
     """False turns preemption off (reclaim included)."""
 
+    @property
+    def nomination_window_s(self) -> float:
+        """How long a preemptor keeps its claim on the capacity its victims free: the longest
+        grace plus a minute for them to exit."""
+        return self.grace_max_s + 60.0
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class QueueConfig:

@@ -102,7 +102,7 @@ class _Cycle:
         self.failed: list[tuple[str, int, int]] = []
         self.cost_cache: dict[str, tuple[tuple, float, float]] = {}
         self.rerun = False
-        window = config.preemption.grace_max_s + 60.0
+        window = config.preemption.nomination_window_s
         claimed = sum(
             st.pending[j].request.gpus
             for j, at in st.nominated.items()
@@ -136,7 +136,7 @@ class _Cycle:
 
     def _nominated_first(self) -> None:
         st = self.st
-        window = self.config.preemption.grace_max_s + 60.0
+        window = self.config.preemption.nomination_window_s
         for job_id, at in list(st.nominated.items()):  # oldest first
             if self.free[0] <= 0:
                 break  # nothing to admit or hold; later cycles will see the freed capacity

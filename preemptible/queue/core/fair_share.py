@@ -13,7 +13,7 @@ every GPU freed in one cycle to the same queue.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from preemptible.queue.core.model import Cluster, Queue
 
@@ -96,7 +96,3 @@ class UsageTracker:
         """Decayed time-average dominant share per queue (0..1)."""
         scale = LN2 / self._half_life_s
         return {name: u * scale for name, u in self._usage.items()}
-
-    def shares_now(self) -> Mapping[str, float]:
-        """Current dominant share per queue."""
-        return dict(self._alloc)

@@ -74,14 +74,6 @@ class Resources:
             memory_gb=self.memory_gb - other.memory_gb,
         )
 
-    def fits_in(self, other: Resources) -> bool:
-        """True when every amount is at most the other's."""
-        return (
-            self.gpus <= other.gpus
-            and self.cpus <= other.cpus + 1e-9
-            and self.memory_gb <= other.memory_gb + 1e-9
-        )
-
 
 NO_LIMIT = float("inf")
 
