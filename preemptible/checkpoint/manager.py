@@ -565,8 +565,9 @@ class Checkpointer:
 
         With ``step=None``, the newest checkpoint that passes verification (corrupt ones are
         skipped with a warning). Tensors go to ``map_location`` if given, else to the device they
-        were saved from when it exists here, else to the CPU. A checkpoint written by several
-        ranks holds one state per rank: ``rank`` picks one (default: this process's rank).
+        were saved from when it exists here (a missing ``cuda:N``: the current GPU), else to the
+        CPU. A checkpoint written by several ranks holds one state per rank: ``rank`` picks one
+        (default: this process's rank).
 
         Raises:
             CheckpointNotFoundError: there is no such (or no) committed checkpoint.
