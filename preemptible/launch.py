@@ -23,9 +23,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
+from typing import Any
 
 from preemptible.env import LAUNCH_ENV, LAUNCH_TRANSLATES_ENV
 from preemptible.errors import ConfigError, GuardError
+from preemptible.signals import UNCATCHABLE_SIGNALS, restorable
 
 FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 """Passed on to the child's process group unchanged."""
@@ -72,15 +74,17 @@ def launch(
     if kill_after is not None and not kill_after >= 0:
         raise ConfigError(f"--kill-after must be >= 0 seconds, got {kill_after!r}")
     translated = tuple(dict.fromkeys(signal.Signals(s) for s in translate))
-    bad = [s.name for s in translated if s in FORWARDED_SIGNALS or s in (signal.SIGKILL,)]
+    bad = [s.name for s in translated if s in FORWARDED_SIGNALS or s in UNCATCHABLE_SIGNALS]
     if bad:
         raise ConfigError(f"cannot translate {', '.join(bad)} into SIGTERM")
     if threading.current_thread() is not threading.main_thread():
         raise GuardError("launch() must run in the main thread: it installs signal handlers")
 
     relay = _Relay(translated, clock)
-    previous = {sig: signal.signal(sig, relay.handle) for sig in (*FORWARDED_SIGNALS, *translated)}
+    previous: dict[signal.Signals, Any] = {}
     try:
+        for sig in (*FORWARDED_SIGNALS, *translated):
+            previous[sig] = signal.signal(sig, relay.handle)
         child_env = dict(os.environ if env is None else env)
         child_env[LAUNCH_ENV] = str(os.getpid())
         child_env[LAUNCH_TRANSLATES_ENV] = ",".join(s.name for s in translated)
@@ -89,7 +93,7 @@ def launch(
         return _wait(relay, kill_after, clock)
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+            signal.signal(sig, restorable(handler))
 
 
 class _Relay:

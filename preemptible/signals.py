@@ -42,7 +42,7 @@ from preemptible.errors import ConfigError, GuardError
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 """Kubernetes and the queue manager send SIGTERM, SLURM ``--signal`` USR1, a terminal SIGINT."""
 
-_UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
+UNCATCHABLE_SIGNALS = {signal.SIGKILL, signal.SIGSTOP}
 
 Handler = Callable[[int, FrameType | None], Any] | int | None
 
@@ -152,7 +152,7 @@ class PreemptionGuard:
                 previous[sig] = signal.signal(sig, self._handle)
         except (OSError, ValueError) as error:
             for sig, handler in previous.items():
-                signal.signal(sig, _restorable(handler))
+                signal.signal(sig, restorable(handler))
             raise GuardError(f"cannot install a handler for {sig.name}: {error}") from error
         self._previous = previous
         self._installed = True
@@ -172,7 +172,7 @@ class PreemptionGuard:
         if threading.current_thread() is not threading.main_thread():
             raise GuardError("PreemptionGuard.uninstall() must run in the main thread")
         for sig, handler in self._previous.items():
-            signal.signal(sig, _restorable(handler))
+            signal.signal(sig, restorable(handler))
         self._previous = {}
         self._installed = False
 
@@ -325,7 +325,7 @@ def _validate_signals(signals: Iterable[int | signal.Signals]) -> tuple[signal.S
             sig = signal.Signals(value)
         except ValueError:
             raise ConfigError(f"{value!r} is not a signal number") from None
-        if sig in _UNCATCHABLE:
+        if sig in UNCATCHABLE_SIGNALS:
             raise ConfigError(f"{sig.name} cannot be caught; choose other signals")
         if sig not in result:
             result.append(sig)
@@ -334,5 +334,7 @@ def _validate_signals(signals: Iterable[int | signal.Signals]) -> tuple[signal.S
     return tuple(result)
 
 
-def _restorable(handler: Handler) -> Callable[[int, FrameType | None], Any] | int:
+def restorable(handler: Handler) -> Callable[[int, FrameType | None], Any] | int:
+    """What to pass to `signal.signal` to put back a handler that `signal.signal` returned
+    (None means one not installed from Python: the default)."""
     return signal.SIG_DFL if handler is None else handler

@@ -157,3 +157,14 @@ def test_sigusr1_to_launch_reaches_a_torchrun_worker_as_sigterm(tmp_path):
     record = json.loads(marker.read_text())
     assert record["signal"] == "SIGTERM" and record["started"] == record["completed"]
     assert proc.returncode == 1, err  # torchrun's own status after a forwarded signal
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM])
+def test_an_uncatchable_or_forwarded_signal_cannot_be_translated_and_no_handler_is_left(sig):
+    from preemptible.errors import ConfigError
+    from preemptible.launch import launch
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(ConfigError, match=f"cannot translate {sig.name}"):
+        launch(["true"], translate=[sig])
+    assert signal.getsignal(signal.SIGTERM) is before
