@@ -242,8 +242,9 @@ class _Cycle:
             self.reasons[job.id] = (
                 f"pending: would delay the reservation of {self.reservation.job_id}"
             )
-            if job.estimate_s is None and not self._loans_depend_on_the_job(job):
+            if job.estimate_s is None and not self.policy.loan_backfill:
                 return "skip"  # the rest of the group has the same shape (and no estimate)
+            # With loans, the refusal may be this job's own (its save, its last preemption).
             depth[gkey] = depth.get(gkey, 0) + 1
             return "next" if depth[gkey] < settings.backfill_depth else "skip"
         # It does not fit now.
@@ -323,17 +324,12 @@ class _Cycle:
         """Whether `job` may start on loan ahead of the reservation: it saves on notice within
         its grace (so taking it back costs a save and a restore) and was not preempted within
         the cooldown."""
-        if not self._loans_depend_on_the_job(job):
+        if not (self.policy.loan_backfill and job.checkpoint_on_notice):
             return False
         if job.save_s > victim_grace_s(job, self.policy, self.config.preemption):
             return False
         last = job.last_preempted_at
         return last is None or self.now - last >= self.config.preemption.cooldown_s
-
-    def _loans_depend_on_the_job(self, job: Job) -> bool:
-        """Whether a loan refused to `job` may still go to another job of its group (the save
-        cost and the last preemption are the job's, not the group's)."""
-        return self.policy.loan_backfill and job.checkpoint_on_notice
 
     def _admit_reason(self, job: Job, verdict: QuotaVerdict) -> str:
         if not self.policy.quotas:
@@ -409,10 +405,10 @@ class _Cycle:
         )
         if plan is None:
             self.failed_here.append(key)
-            if not (guaranteed or loans_only):
+            if guaranteed:
+                self.rerun = True  # the borrowers it is owed may be among this cycle's admits
+            elif not loans_only:
                 self.failed.append(key)
-            else:
-                self.rerun = True
             return False
         names = []
         for v in plan.victims:
