@@ -46,7 +46,7 @@ def write_collectively(
     staging = None
     if rank == 0:
         try:
-            staging = storage.begin(step_dir, step, uuid.uuid4().hex[:12])
+            staging = storage.begin(step_dir, uuid.uuid4().hex[:12])
             opened = [[staging.dirname, staging.nonce], None]
         except Exception as e:
             opened = [None, repr(e)]

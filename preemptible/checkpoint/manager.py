@@ -416,7 +416,7 @@ class Checkpointer:
         step_dir = step_dirname(step)
         staging = None
         try:
-            staging = storage.begin(step_dir, step, uuid.uuid4().hex[:12])
+            staging = storage.begin(step_dir, uuid.uuid4().hex[:12])
             written = io.write_state(
                 storage,
                 staging,

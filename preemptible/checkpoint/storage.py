@@ -67,7 +67,7 @@ class CheckpointStorage:
     def list_root(self) -> list[Entry]:
         raise NotImplementedError
 
-    def begin(self, step_dir: str, step: int, nonce: str) -> Staging:
+    def begin(self, step_dir: str, nonce: str) -> Staging:
         raise NotImplementedError
 
     def data_name(self, staging: Staging, base: str) -> str:
@@ -137,7 +137,7 @@ class LocalStorage(CheckpointStorage):
                 entries.append(Entry(e.name, e.is_dir(follow_symlinks=False), st.st_mtime))
         return entries
 
-    def begin(self, step_dir: str, step: int, nonce: str) -> Staging:
+    def begin(self, step_dir: str, nonce: str) -> Staging:
         os.makedirs(self.root, exist_ok=True)
         dirname = f"{TMP_PREFIX}{step_dir}-{nonce}"
         os.mkdir(self._path(dirname))
@@ -223,7 +223,7 @@ class FsspecStorage(CheckpointStorage):
             for info in infos
         ]
 
-    def begin(self, step_dir: str, step: int, nonce: str) -> Staging:
+    def begin(self, step_dir: str, nonce: str) -> Staging:
         self.fs.makedirs(self._path(step_dir), exist_ok=True)
         return Staging(dirname=step_dir, nonce=nonce)
 
