@@ -1,19 +1,23 @@
 """EASY backfill: one reservation for the blocked head job; others may start if they don't delay it.
 
 The reservation's start is the earliest time at which, by the running jobs' expected ends, the
-head would fit (counting GPUs, CPUs and memory; node placement at that future time is not
-predicted). A later job may start now when it is expected to end before that time, or when it
-fits in the capacity that will be left over at that time beyond what the head needs. Jobs
-without an estimate are assumed to run for `default_estimate_s`, as SLURM assumes a partition's
-time limit; a job that overruns its estimate is expected to end now.
+head would fit (counting GPUs, CPUs and memory). When the cluster is described as nodes, the
+reservation also names the nodes the head will start on, because counting GPUs is not enough:
+a 2-GPU job "fits" in two free GPUs on two nodes, and 1-GPU jobs backfilling every GPU that frees
+up would hold it back forever. A later job may start now when it is expected to end before the
+reservation's start, or when it fits in what will be left over then beyond what the head needs
+(with nodes: it lands on another node, or on a reserved node's GPUs the head will not need).
+Jobs without an estimate are assumed to run for `default_estimate_s`, as SLURM assumes a
+partition's time limit; a job that overruns its estimate is expected to end now.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from preemptible.queue.core.model import Job
+from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.state import ClusterState
 
 INFINITY = float("inf")
@@ -24,10 +28,19 @@ class Reservation:
     """Capacity held for `job_id` from `start_at`; `spare` is what is left over then."""
 
     job_id: str
+    queue: str
     start_at: float
     spare: list[float]
     borrowing: bool = False
-    """The head would run on borrowed capacity: it cannot hold back work within nominal quota."""
+    """The head would run on borrowed capacity: it cannot hold back other queues' work within
+    their nominal quota (its own queue's work still waits its turn)."""
+    node_spare: dict[int, int] = field(default_factory=dict)
+    """With nodes: the nodes the head is expected to start on -> GPUs free there at `start_at`
+    beyond the head's need. Empty without nodes (then `spare` counts GPUs too)."""
+
+
+Started = tuple[float, Sequence[float], Placement]
+"""(expected end, request, placement) of a job admitted earlier in the same cycle."""
 
 
 def plan_reservation(
@@ -36,13 +49,34 @@ def plan_reservation(
     now: float,
     state: ClusterState,
     free: Sequence[float],
-    also_running: Iterable[tuple[float, Sequence[float]]] = (),
+    pool: NodePool | None = None,
+    also_running: Sequence[Started] = (),
 ) -> Reservation:
     """When `job` could start by the expected ends of running jobs, and what is spare then.
 
     Args:
-        also_running: (expected end, request) of jobs admitted earlier in this cycle.
+        free: what is free now (GPUs, CPUs, memory), after this cycle's admissions.
+        pool: free GPUs per node after this cycle's admissions, when the cluster has nodes.
+        also_running: jobs admitted earlier in this cycle (not yet in `state`).
     """
+    res = _plan_counts(job, now=now, state=state, free=free, also_running=also_running)
+    if pool is None or job.request.gpus <= 0 or res.start_at == INFINITY:
+        return res
+    start_at, node_spare = _plan_nodes(job, now, state, pool, also_running)
+    res.start_at = max(res.start_at, start_at)
+    res.node_spare = node_spare
+    return res
+
+
+def _plan_counts(
+    job: Job,
+    *,
+    now: float,
+    state: ClusterState,
+    free: Sequence[float],
+    also_running: Sequence[Started],
+) -> Reservation:
+    """The reservation by counts alone: the earliest expected end after which the head fits."""
     need = job.request.as_tuple()
     avail = list(free)
     extra = sorted(also_running, key=lambda e: e[0])
@@ -61,21 +95,100 @@ def plan_reservation(
         k += 1
         if _fits(avail, need):
             return _done(job, max(now, extra[k - 1][0]), avail, need)
-    return Reservation(job_id=job.id, start_at=INFINITY, spare=[0.0, 0.0, 0.0])
+    return Reservation(job_id=job.id, queue=job.queue, start_at=INFINITY, spare=[0.0, 0.0, 0.0])
+
+
+def _plan_nodes(
+    job: Job, now: float, state: ClusterState, pool: NodePool, also_running: Sequence[Started]
+) -> tuple[float, dict[int, int]]:
+    """When and where (by node) the head's GPUs free up, and what is spare on those nodes then.
+
+    A job of up to one node's GPUs takes the node where enough GPUs free up first; a larger job
+    takes the nodes that empty first, plus the earliest node with room for its remainder. A job
+    that overran its estimate counts as ending now for the start, but its GPUs are not counted
+    as spare: nobody knows when they free up, and giving each one away as it frees would hold
+    the head back for ever.
+    """
+    per = pool.gpus_per_node
+    releases: dict[int, list[tuple[float, int]]] = {}
+    for node, jobs in enumerate(state.node_jobs):
+        for jid in jobs:
+            end = state.expected_end(jid)
+            for n, g in state.running[jid].placement:
+                if n == node:
+                    releases.setdefault(node, []).append((end, g))
+    for end, _, placement in also_running:
+        for n, g in placement:
+            releases.setdefault(n, []).append((end, g))
+    for events in releases.values():
+        events.sort()
+    free = pool.free
+
+    def time_for(node: int, gpus: int) -> float:
+        avail = free[node]
+        if avail >= gpus:
+            return now
+        for end, g in releases.get(node, ()):
+            avail += g
+            if avail >= gpus:
+                return max(now, end)
+        return INFINITY
+
+    # Ties (common: jobs that overran their estimates are all "expected to end now") go to the
+    # node with the most GPUs free now, so the reservation sticks to the node that drains for it.
+    whole, rest = divmod(int(job.request.gpus), per)
+    need: dict[int, int] = {}
+    start = now
+    if whole:
+        for t, _, n in sorted((time_for(n, per), -free[n], n) for n in range(len(free)))[:whole]:
+            need[n] = per
+            start = max(start, t)
+    if rest:
+        t, _, n = min((time_for(n, rest), -free[n], n) for n in range(len(free)) if n not in need)
+        need[n] = rest
+        start = max(start, t)
+    if start == INFINITY:
+        return start, {}
+    spare = {}
+    for n, g in need.items():
+        sure = free[n] + sum(gpus for end, gpus in releases.get(n, ()) if now < end <= start)
+        spare[n] = max(0, sure - g)
+    return start, spare
 
 
 def may_backfill(
-    job: Job, reservation: Reservation, *, now: float, default_estimate_s: float
+    job: Job,
+    placement: Placement,
+    reservation: Reservation,
+    *,
+    now: float,
+    default_estimate_s: float,
 ) -> bool:
-    """Whether starting `job` now keeps the reservation; takes from `spare` when it must."""
+    """Whether starting `job` now on `placement` keeps the reservation; takes from the spare
+    capacity when it must."""
     if now + job.expected_runtime_s(default_estimate_s) <= reservation.start_at:
         return True
     req = job.request.as_tuple()
-    if _fits(reservation.spare, req):
+    spare = reservation.spare
+    nodes = reservation.node_spare
+    if not nodes:
+        if not _fits(spare, req):
+            return False
         for i in range(3):
-            reservation.spare[i] -= req[i]
+            spare[i] -= req[i]
         return True
-    return False
+    # GPUs are judged by node (a job on another node leaves the head's GPUs alone); CPUs and
+    # memory are one pool.
+    if any(req[i] > spare[i] + 1e-9 for i in (1, 2)):
+        return False
+    if any(g > nodes[n] for n, g in placement if n in nodes):
+        return False
+    for n, g in placement:
+        if n in nodes:
+            nodes[n] -= g
+    for i in (1, 2):
+        spare[i] -= req[i]
+    return True
 
 
 def _add(avail: list[float], req: Sequence[float]) -> None:
@@ -89,5 +202,8 @@ def _fits(avail: Sequence[float], need: Sequence[float]) -> bool:
 
 def _done(job: Job, start_at: float, avail: list[float], need: Sequence[float]) -> Reservation:
     return Reservation(
-        job_id=job.id, start_at=start_at, spare=[avail[i] - need[i] for i in range(3)]
+        job_id=job.id,
+        queue=job.queue,
+        start_at=start_at,
+        spare=[avail[i] - need[i] for i in range(3)],
     )

@@ -33,16 +33,17 @@ Nothing here reads a clock, does I/O or mutates the snapshot: the shell applies 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
 
 from preemptible.queue.core.backfill import (
     Reservation,
+    Started,
     may_backfill,
     plan_reservation,
 )
 from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.core.fair_share import dominant_share, fair_share_value, weight_fractions
 from preemptible.queue.core.model import Admit, CycleResult, Job, Preempt, Reserve, Tier
+from preemptible.queue.core.placement import Placement
 from preemptible.queue.core.policy import Ordering, Policy
 from preemptible.queue.core.preemption import find_victims, victim_grace_s
 from preemptible.queue.core.quota import QuotaVerdict, check_quota, describe_limit, is_borrowing
@@ -91,7 +92,7 @@ class _Cycle:
         self.reserves: list[Reserve] = []
         self.reasons: dict[str, str] = {}
         self.started: set[str] = set()
-        self.started_ends: list[tuple[float, Sequence[float]]] = []
+        self.started_ends: list[Started] = []
         self.taken: set[str] = set()
         self.budget_used: dict[str, int] = {}
         self.reservation: Reservation | None = None
@@ -211,17 +212,18 @@ class _Cycle:
         placement = self._place(job)
         if placement is not None:
             res = self.reservation
-            if res is None or (res.borrowing and verdict is QuotaVerdict.WITHIN_NOMINAL):
+            if res is None or (
+                res.borrowing and verdict is QuotaVerdict.WITHIN_NOMINAL and job.queue != res.queue
+            ):
                 self._admit(job, placement, verdict, self._admit_reason(job, verdict))
                 return "next"
             settings = self.config.policy
-            if may_backfill(
-                job, self.reservation, now=self.now, default_estimate_s=settings.default_estimate_s
-            ):
+            kept = self._backfill_placement(job, placement, res)
+            if kept is not None:
                 head = self.reservation.job_id
                 self._admit(
                     job,
-                    placement,
+                    kept,
                     verdict,
                     f"admitted by backfill: does not delay {head}",
                     backfill=True,
@@ -276,7 +278,7 @@ class _Cycle:
             return QuotaVerdict.WITHIN_NOMINAL
         return check_quota(self.st.queues[job.queue], self.alloc[job.queue], job.request.as_tuple())
 
-    def _place(self, job: Job) -> tuple[tuple[int, int], ...] | None:
+    def _place(self, job: Job) -> Placement | None:
         req = job.request.as_tuple()
         free = self.free
         if req[0] > free[0] or req[1] > free[1] + 1e-9 or req[2] > free[2] + 1e-9:
@@ -285,10 +287,27 @@ class _Cycle:
             return ()
         return self.pool.find(int(req[0]))
 
+    def _backfill_placement(
+        self, job: Job, placement: Placement, res: Reservation
+    ) -> Placement | None:
+        """Where `job` may start without delaying the reservation: its best-fit `placement`,
+        else off the nodes the reservation holds, else nowhere (None)."""
+        estimate = self.config.policy.default_estimate_s
+        if may_backfill(job, placement, res, now=self.now, default_estimate_s=estimate):
+            return placement
+        if not res.node_spare or self.pool is None:
+            return None
+        elsewhere = self.pool.find(int(job.request.gpus), avoid=res.node_spare)
+        if elsewhere is None:
+            return None
+        if may_backfill(job, elsewhere, res, now=self.now, default_estimate_s=estimate):
+            return elsewhere
+        return None
+
     def _admit(
         self,
         job: Job,
-        placement: tuple[tuple[int, int], ...],
+        placement: Placement,
         verdict: QuotaVerdict,
         reason: str,
         *,
@@ -307,7 +326,7 @@ class _Cycle:
         self.candidate_cache.clear()
         self.started.add(job.id)
         end = self.now + job.expected_runtime_s(self.config.policy.default_estimate_s)
-        self.started_ends.append((end, req))
+        self.started_ends.append((end, req, placement))
         self.reasons.pop(job.id, None)
         self.admits.append(
             Admit(
@@ -352,7 +371,12 @@ class _Cycle:
 
     def _reserve(self, job: Job, verdict: QuotaVerdict) -> None:
         res = plan_reservation(
-            job, now=self.now, state=self.st, free=self.free, also_running=self.started_ends
+            job,
+            now=self.now,
+            state=self.st,
+            free=self.free,
+            pool=self.pool,
+            also_running=self.started_ends,
         )
         res.borrowing = self.policy.quotas and verdict is QuotaVerdict.BORROWING
         self.reservation = res

@@ -10,7 +10,7 @@ O(gpus_per_node) rather than O(nodes).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 Placement = tuple[tuple[int, int], ...]
 
@@ -44,37 +44,41 @@ class NodePool:
         self.free[node] = free
         self.by_free[free].add(node)
 
-    def find(self, gpus: int) -> Placement | None:
-        """Where a job of `gpus` GPUs would go now, or None if no block is free."""
+    def find(self, gpus: int, *, avoid: Collection[int] = ()) -> Placement | None:
+        """Where a job of `gpus` GPUs would go now, or None if no block is free.
+
+        `avoid`: nodes not to use (those a reservation holds).
+        """
         per = self.gpus_per_node
         if gpus <= 0:
             return ()
         if gpus <= per:
-            for k in range(gpus, per + 1):
-                bucket = self.by_free[k]
-                if bucket:
-                    return ((min(bucket), gpus),)
-            return None
+            node = self._partial(gpus, avoid)
+            return None if node is None else ((node, gpus),)
         whole, rest = divmod(gpus, per)
-        empty = self.by_free[per]
-        if len(empty) < whole + (1 if rest else 0) and not (
-            len(empty) >= whole and rest and self._partial(rest, set()) is not None
-        ):
+        empty = self.by_free[per] - set(avoid) if avoid else self.by_free[per]
+        if len(empty) < whole:
             return None
         chosen = sorted(empty)[:whole]
         placement = [(n, per) for n in chosen]
         if rest:
-            node = self._partial(rest, set(chosen))
+            node = self._partial(rest, {*chosen, *avoid})
             if node is None:
                 return None
             placement.append((node, rest))
         return tuple(placement)
 
-    def _partial(self, gpus: int, exclude: set[int]) -> int | None:
+    def _partial(self, gpus: int, exclude: Collection[int]) -> int | None:
+        """The fullest node with room for `gpus` (lowest index first), outside `exclude`."""
         for k in range(gpus, self.gpus_per_node + 1):
-            candidates = self.by_free[k] - exclude if exclude else self.by_free[k]
-            if candidates:
-                return min(candidates)
+            bucket = self.by_free[k]
+            if not bucket:
+                continue
+            if not exclude:
+                return min(bucket)
+            node = min((n for n in bucket if n not in exclude), default=None)
+            if node is not None:
+                return node
         return None
 
     def take(self, placement: Iterable[tuple[int, int]]) -> None:

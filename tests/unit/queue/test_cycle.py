@@ -164,6 +164,29 @@ def test_a_borrowers_reservation_never_holds_back_work_within_nominal_quota():
     assert admitted(r) == ["b-long"] and not r.admit[0].backfill
 
 
+def test_a_reservation_holds_a_node_when_running_jobs_overran_their_estimates():
+    # Each node has one free GPU; both nodes' jobs overran, so by counts the 2-GPU head "fits
+    # now" with 6 GPUs to spare and 1-GPU work would take both free GPUs, one per node, every
+    # time. The reservation holds the node it drains instead.
+    cfg = config(gpus=8, nodes=2, queues={"a": (1.0, 8, INF)}, preemption={"enabled": False})
+    busy = [
+        dataclasses.replace(
+            running(job(f"x{n}", gpus=3, estimate=600.0, restore=0.0)), placement=((n, 3),)
+        )
+        for n in range(2)
+    ]
+    pending = [
+        job("pair", gpus=2, at=0),
+        job("s1", gpus=1, at=1, estimate=36000.0),
+        job("s2", gpus=1, at=2, estimate=36000.0),
+    ]
+    slurm = POLICIES["slurm"]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 7200.0, slurm, cfg)
+    assert r.reserve[0].job_id == "pair"
+    assert admitted(r) == ["s1"] and r.admit[0].placement == ((1, 1),)  # off the held node
+    assert "would delay the reservation of pair" in r.reason_for("s2")
+
+
 def test_reserve_only_starving_lets_others_skip_ahead_until_the_head_starves():
     policy = dataclasses.replace(OURS, reserve_only_starving=True, loan_backfill=False)
     cfg = config(
