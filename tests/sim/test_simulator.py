@@ -205,3 +205,23 @@ def test_json_schema_keys(small_report):
         assert {"max_wait_least_served_s", "sim_seconds"} <= metrics["overall"].keys()
         for q in metrics["queues"].values():
             assert q.keys() >= SCHEMA_KEYS
+
+
+@pytest.mark.parametrize("policy", ["slurm", "preemptible"])
+def test_a_two_gpu_job_is_not_starved_by_one_gpu_backfill_scattering_its_node(policy):
+    # Eight 1-GPU jobs fill two 4-GPU nodes and overrun the default estimate (4 h); a 2-GPU
+    # job then waits behind a stream of 1-GPU jobs. Counted by GPUs alone, every GPU that frees
+    # up is "spare" and goes to the stream, one per node, for as long as the stream lasts; the
+    # reservation must hold a node so that two GPUs free up on the same one.
+    cfg = parse_config_text(
+        "[cluster]\ngpus = 8\nnodes = 2\ngpus_per_node = 4\n"
+        "[[queues]]\nname = 'a'\nnominal = { gpus = 8 }\n"
+    )
+    hour = 3600.0
+    jobs = [_job(f"fill{i}", 0.0, 5 * hour + i * 600.0) for i in range(8)]
+    jobs.append(_job("pair", 60.0, hour, gpus=2))
+    jobs += [_job(f"s{i:03d}", 120.0 + i * 300.0, 6 * hour) for i in range(48 * 12)]
+    result = Simulator(jobs, cfg, POLICIES[policy], SimOptions(cycle_interval_s=0.0)).run()
+    pair = next(r for r in result.records if r.trace.job_id == "pair")
+    # The fill jobs on one node end between 5 h and 5.5 h: the pair starts by then.
+    assert pair.wait_s <= 6 * hour, pair.wait_s / hour

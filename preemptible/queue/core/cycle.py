@@ -100,6 +100,8 @@ class _Cycle:
         self.examined = 0
         self.default_reason = "pending: waiting for its turn"
         self.fs_cache: dict[str, float] = {}
+        self.step_share = dominant_share(1, 0 if cl.gpus else 1, 0, cl)
+        """Dominant share of one GPU (one CPU on a cluster without GPUs): the "after" step."""
         self.failed: list[tuple[str, int, int]] = []
         self.cost_cache: dict[str, tuple[tuple, float, float]] = {}
         self.rerun = False
@@ -557,10 +559,13 @@ class _Cycle:
         return self._fair_share(job, after=False) < 1.0
 
     def _fair_share(self, job: Job, *, after: bool = True) -> float:
-        """The queue's fair-share value as it would be with `job` admitted (DRF's "after" view).
+        """The queue's fair-share value as it would be with one more GPU (DRF's "after" view).
 
         Judging by the share after admission, not before, keeps a queue that just released a
         GPU from winning it back every time, which would freeze shares away from the weights.
+        The step is one GPU whatever the job asks for: the value belongs to the queue, so that
+        within a queue age decides; sized by the job, every small job that has aged past the
+        cap would go before a big one of the same queue, which then starves in a backlog.
         """
         queue = job.queue
         now_share = self.fs_cache.get(queue)
@@ -569,8 +574,7 @@ class _Cycle:
             now_share = dominant_share(a[0], a[1], a[2], self.cluster)
             self.fs_cache[queue] = now_share
         if after:
-            r = job.request
-            now_share += dominant_share(r.gpus, r.cpus, r.memory_gb, self.cluster)
+            now_share += self.step_share
         return fair_share_value(self.usage.get(queue, 0.0), now_share, self.weights[queue])
 
     def _fragmentation(self) -> float:

@@ -164,6 +164,22 @@ def test_a_borrowers_reservation_never_holds_back_work_within_nominal_quota():
     assert admitted(r) == ["b-long"] and not r.admit[0].backfill
 
 
+def test_a_borrowers_reservation_holds_back_its_own_queues_work():
+    # a's nominal quota covers a-small but not a-head: another queue's work would start, but
+    # a's own small job must not skip ahead of a's own big one for ever.
+    cfg = config(gpus=4, queues={"a": (1.0, 3, INF), "b": (1.0, 1, INF)})
+    busy = [running(job("x", queue="a", gpus=2, estimate=3600.0, restore=0.0), started=0.0)]
+    pending = [
+        job("a-head", queue="a", gpus=4, at=0),  # would borrow: reserves
+        job("a-small", queue="a", gpus=1, at=1, estimate=9000.0, aware=False),
+        job("b-long", queue="b", gpus=1, at=2, estimate=7200.0),
+    ]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, OURS, cfg)
+    assert r.reserve[0].job_id == "a-head"
+    assert admitted(r) == ["b-long"]
+    assert "would delay the reservation of a-head" in r.reason_for("a-small")
+
+
 def test_a_reservation_holds_a_node_when_running_jobs_overran_their_estimates():
     # Each node has one free GPU; both nodes' jobs overran, so by counts the 2-GPU head "fits
     # now" with 6 GPUs to spare and 1-GPU work would take both free GPUs, one per node, every
@@ -185,6 +201,17 @@ def test_a_reservation_holds_a_node_when_running_jobs_overran_their_estimates():
     assert r.reserve[0].job_id == "pair"
     assert admitted(r) == ["s1"] and r.admit[0].placement == ((1, 1),)  # off the held node
     assert "would delay the reservation of pair" in r.reason_for("s2")
+
+
+def test_within_a_queue_age_decides_whatever_the_job_size():
+    # Both have aged past the cap in a queue above its fair share. Sized by the job, the small
+    # one would always go first, and a big job in a backlog of small ones would starve.
+    cfg = config(gpus=4, queues={"a": (1.0, 4, INF), "b": (1.0, 0, INF)})
+    busy = [running(job("x", gpus=2))]
+    pending = [job("big", gpus=2, at=0), job("small", gpus=1, at=100)]
+    snap = snapshot(cfg, pending=pending, running_jobs=busy, usage={"a": 0.9})
+    r = schedule(snap, 36000.0, OURS, cfg)
+    assert admitted(r) == ["big"]
 
 
 def test_reserve_only_starving_lets_others_skip_ahead_until_the_head_starves():
