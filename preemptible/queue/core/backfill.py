@@ -13,7 +13,8 @@ partition's time limit; a job that overruns its estimate is expected to end now.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from preemptible.queue.core.model import Job
@@ -103,57 +104,65 @@ def _plan_nodes(
 ) -> tuple[float, dict[int, int]]:
     """When and where (by node) the head's GPUs free up, and what is spare on those nodes then.
 
-    A job of up to one node's GPUs takes the node where enough GPUs free up first; a larger job
-    takes the nodes that empty first, plus the earliest node with room for its remainder. A job
-    that overran its estimate counts as ending now for the start, but its GPUs are not counted
-    as spare: nobody knows when they free up, and giving each one away as it frees would hold
-    the head back for ever.
+    Walks the running jobs' expected ends in order, freeing their GPUs node by node, until some
+    node has room for a job of up to one node's GPUs, or enough nodes are empty for a larger
+    job (plus one with room for its remainder). Ties (common: jobs that overran their estimate
+    are all "expected to end now") go to the node with the most GPUs free now, so the
+    reservation sticks to the node that drains for it. Those overran jobs count for the start,
+    but their GPUs are not spare: nobody knows when they free up, and giving each one away as it
+    frees would hold the head back for ever.
     """
     per = pool.gpus_per_node
-    releases: dict[int, list[tuple[float, int]]] = {}
-    for node, jobs in enumerate(state.node_jobs):
-        for jid in jobs:
-            end = state.expected_end(jid)
-            for n, g in state.running[jid].placement:
-                if n == node:
-                    releases.setdefault(node, []).append((end, g))
-    for end, _, placement in also_running:
-        for n, g in placement:
-            releases.setdefault(n, []).append((end, g))
-    for events in releases.values():
-        events.sort()
-    free = pool.free
+    free_now = pool.free
+    avail = list(free_now)
+    sure = list(free_now)
+    gpus = int(job.request.gpus)
+    whole, rest = (0, gpus) if gpus <= per else divmod(gpus, per)
+    running = state.running
+    ends = heapq.merge(
+        ((end, running[jid].placement) for end, jid in state.ends),
+        sorted((end, placement) for end, _, placement in also_running),
+        key=lambda e: e[0],
+    )
 
-    def time_for(node: int, gpus: int) -> float:
-        avail = free[node]
-        if avail >= gpus:
-            return now
-        for end, g in releases.get(node, ()):
-            avail += g
-            if avail >= gpus:
-                return max(now, end)
-        return INFINITY
+    def by_preference(nodes: Iterable[int]) -> list[int]:
+        return sorted(nodes, key=lambda n: (-free_now[n], n))
 
-    # Ties (common: jobs that overran their estimates are all "expected to end now") go to the
-    # node with the most GPUs free now, so the reservation sticks to the node that drains for it.
-    whole, rest = divmod(int(job.request.gpus), per)
-    need: dict[int, int] = {}
-    start = now
-    if whole:
-        for t, _, n in sorted((time_for(n, per), -free[n], n) for n in range(len(free)))[:whole]:
-            need[n] = per
-            start = max(start, t)
-    if rest:
-        t, _, n = min((time_for(n, rest), -free[n], n) for n in range(len(free)) if n not in need)
-        need[n] = rest
-        start = max(start, t)
-    if start == INFINITY:
-        return start, {}
-    spare = {}
-    for n, g in need.items():
-        sure = free[n] + sum(gpus for end, gpus in releases.get(n, ()) if now < end <= start)
-        spare[n] = max(0, sure - g)
-    return start, spare
+    def plan(touched: Iterable[int]) -> dict[int, int] | None:
+        if not whole:
+            fits = [n for n in touched if avail[n] >= rest]
+            return {by_preference(fits)[0]: rest} if fits else None
+        empty = [n for n in range(len(avail)) if avail[n] == per]
+        if len(empty) < whole:
+            return None
+        chosen = dict.fromkeys(by_preference(empty)[:whole], per)
+        if rest:
+            room = [n for n in range(len(avail)) if n not in chosen and avail[n] >= rest]
+            if not room:
+                return None
+            chosen[by_preference(room)[0]] = rest
+        return chosen
+
+    t = now
+    need = plan(range(len(avail)))
+    pending = next(ends, None)
+    while need is None and pending is not None:
+        t = max(now, pending[0])
+        touched = set()
+        while pending is not None and max(now, pending[0]) == t:
+            end, placement = pending
+            for n, g in placement:
+                avail[n] += g
+                if end > now:
+                    sure[n] += g
+                touched.add(n)
+            pending = next(ends, None)
+        if whole and not any(avail[n] >= (rest or per) for n in touched):
+            continue  # no node became empty enough to change the answer
+        need = plan(touched)
+    if need is None:
+        return INFINITY, {}
+    return t, {n: max(0, sure[n] - g) for n, g in need.items()}
 
 
 def may_backfill(
