@@ -17,8 +17,9 @@ Phases, as in kueue's `schedule()`:
 4. Stop early when nothing is free and nothing can be preempted: the rest wait for capacity.
 
 Ordering criteria, in order (policy `preemptible`):
-    1. tier, higher first; a borrower is ordered in the lowest tier of pending work within its
-       nominal quota, after that work, when that tier is lower than its own (`nominal_first`);
+    1. tier, higher first; a borrower is ordered after pending work within its nominal quota
+       of its own tier, and in the lowest tier of such work when that is lower than its own
+       (`nominal_first`): that work would reclaim whatever the borrower got;
     2. fair-share value of the job's queue (1.0 = exactly its weighted share) minus waiting
        time / `aging` (one `aging` of waiting is worth one fair-share unit), capped at
        `aging_max_units`: once every queue's head has waited that long, fair share alone
@@ -116,9 +117,10 @@ class _Cycle:
         self.failed_here: list[tuple[str, int, int]] = []
         """Failed victim searches of this cycle (for any reason); `failed` is what backs off."""
         self.candidate_cache: dict[tuple, list] = {}
-        self.reclaimer_rank = self._reclaimer_rank()
-        """Lowest tier of pending work within its nominal quota: a borrower of a higher tier is
-        ordered in this tier, since that work would reclaim whatever it is given."""
+        self.reclaimer_rank = self._reclaimer_ranks()
+        """Lowest tier of pending work within its nominal quota: a borrower of this tier or a
+        higher one is ordered in this tier after that work, which would reclaim whatever it is
+        given."""
 
     # --- orchestration ------------------------------------------------------------------------
 
@@ -519,11 +521,12 @@ class _Cycle:
         settings = self.config.policy
         rank = job.tier.rank
         demoted = 0.0
-        if rank > self.reclaimer_rank:
+        reclaimer = self.reclaimer_rank[job.queue]
+        if rank >= reclaimer:
             queue = self.st.queues[job.queue]
             verdict = check_quota(queue, self.alloc[job.queue], job.request.as_tuple())
             if verdict is not QuotaVerdict.WITHIN_NOMINAL:
-                rank = self.reclaimer_rank
+                rank = reclaimer
                 demoted = 1.0
         credit = wait / settings.aging_s
         if credit >= settings.aging_max_units:
@@ -534,22 +537,26 @@ class _Cycle:
             credit = settings.aging_max_units
         return (-rank, demoted, self._fair_share(job) - credit)
 
-    def _reclaimer_rank(self) -> int:
+    def _reclaimer_ranks(self) -> dict[str, int]:
+        """Per queue: the lowest tier of pending work within nominal quota in *other* queues."""
         top = max(t.rank for t in Tier)
         p = self.policy
+        ranks = dict.fromkeys(self.st.queues, top)
         if not (p.nominal_first and p.quotas and p.reclaim and p.ordering is Ordering.FAIR):
-            return top
-        lowest = top
+            return ranks
+        lowest: dict[str, int] = {}
         for (queue, rank, gpus, cpus, memory), group in self.st.groups.items():
-            if rank >= lowest or not group.jobs:
+            if rank >= lowest.get(queue, top) or not group.jobs:
                 continue
             q = self.st.queues[queue]
             if (
                 check_quota(q, self.alloc[queue], (gpus, cpus, memory))
                 is QuotaVerdict.WITHIN_NOMINAL
             ):
-                lowest = rank
-        return lowest
+                lowest[queue] = rank
+        for name in ranks:
+            ranks[name] = min((r for q, r in lowest.items() if q != name), default=top)
+        return ranks
 
     def _starving(self, job: Job) -> bool:
         """Waited past the aging cap while its queue is below its fair share."""

@@ -165,18 +165,17 @@ def test_a_borrowers_reservation_never_holds_back_work_within_nominal_quota():
 
 
 def test_a_borrowers_reservation_holds_back_its_own_queues_work():
-    # a's nominal quota covers a-small but not a-head: another queue's work would start, but
-    # a's own small job must not skip ahead of a's own big one for ever.
+    # a's nominal quota covers a-small but not a-head: a's own small job must not skip ahead of
+    # a's older big one for ever (another queue's work within nominal quota would still go).
     cfg = config(gpus=4, queues={"a": (1.0, 3, INF), "b": (1.0, 1, INF)})
     busy = [running(job("x", queue="a", gpus=2, estimate=3600.0, restore=0.0), started=0.0)]
     pending = [
         job("a-head", queue="a", gpus=4, at=0),  # would borrow: reserves
         job("a-small", queue="a", gpus=1, at=1, estimate=9000.0, aware=False),
-        job("b-long", queue="b", gpus=1, at=2, estimate=7200.0),
     ]
     r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, OURS, cfg)
     assert r.reserve[0].job_id == "a-head"
-    assert admitted(r) == ["b-long"]
+    assert admitted(r) == []
     assert "would delay the reservation of a-head" in r.reason_for("a-small")
 
 
@@ -509,6 +508,23 @@ def test_a_higher_tier_borrower_yields_free_capacity_to_lower_tier_work_within_n
     # Without lower-tier work within nominal, tier order is unchanged: the borrower goes first.
     r = schedule(snapshot(cfg, pending=pending[:1], running_jobs=busy), 10.0, OURS, cfg)
     assert admitted(r) == ["a-high"]
+
+
+def test_a_borrower_yields_free_capacity_to_same_tier_work_within_nominal():
+    # a has had less than b, so fair share alone would give the free GPU to a, which is at its
+    # nominal quota and would borrow it; b, within its nominal quota, would then reclaim it.
+    cfg = config()
+    busy = [running(job(f"a{i}", queue="a", gpus=1), started=0.0) for i in range(4)]
+    busy += [running(job(f"b{i}", queue="b", gpus=1), started=0.0) for i in range(3)]
+    pending = [job("a-more", queue="a", at=0.0), job("b-own", queue="b", at=5.0)]
+    usage = {"a": 0.1, "b": 0.5}
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy, usage=usage), 10.0, OURS, cfg)
+    assert admitted(r) == ["b-own"] and preempted(r) == []
+    # kueue orders the same way; with nothing within nominal pending, fair share decides.
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 10.0, POLICIES["kueue"], cfg)
+    assert admitted(r) == ["b-own"]
+    only_a = snapshot(cfg, pending=pending[:1], running_jobs=busy, usage=usage)
+    assert admitted(schedule(only_a, 10.0, OURS, cfg)) == ["a-more"]
 
 
 def test_a_borrower_does_not_preempt_another_queues_borrowed_work():
