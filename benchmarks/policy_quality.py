@@ -11,18 +11,23 @@ preemptible with checkpoint-aware jobs, and check the goals of issue 4:
 - the least-served queue's max wait lower than every baseline's.
 
     .venv/bin/python benchmarks/policy_quality.py [--traces all|synthetic,philly,...]
-        [--json out.json] [--markdown out.md] [--plots DIR]
+        [--json out.json] [--markdown out.md] [--plots DIR] [--weights-only]
+
+`--weights-only` sets every queue's nominal quota to 0 (fair-share weights only, all work
+borrowed), for every policy: it shows what quotas smaller than a queue's largest gang cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-from preemptible.queue.core import BASELINES, POLICIES, parse_config_text
+from preemptible.queue.core import BASELINES, POLICIES, QueueConfig, parse_config_text
+from preemptible.queue.core.model import Limits
 from preemptible.sim import Simulator, summarize
 from preemptible.sim.importers import import_trace, suggest_config
 from preemptible.sim.synth import generate, synth_config
@@ -51,9 +56,19 @@ def load(name: str, shared: Path):
     return jobs, suggest_config(jobs)
 
 
-def evaluate(name: str, shared: Path, plots: Path | None) -> dict[str, Any]:
+def weights_only(cfg: QueueConfig) -> QueueConfig:
+    """The same configuration with every nominal quota 0: fair-share weights only."""
+    queues = tuple(dataclasses.replace(q, nominal=Limits(gpus=0)) for q in cfg.queues)
+    return dataclasses.replace(cfg, queues=queues)
+
+
+def evaluate(
+    name: str, shared: Path, plots: Path | None, *, no_quotas: bool = False
+) -> dict[str, Any]:
     jobs, cfg_text = load(name, shared)
     cfg = parse_config_text(cfg_text)
+    if no_quotas:
+        cfg = weights_only(cfg)
     out: dict[str, Any] = {"jobs": len(jobs), "gpus": cfg.cluster.gpus, "policies": {}}
     for policy in POLICIES:
         t = time.perf_counter()
@@ -140,6 +155,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--plots", type=Path)
+    parser.add_argument(
+        "--weights-only", action="store_true", help="every nominal quota 0, for every policy"
+    )
     args = parser.parse_args()
     names = list(TRACES) if args.traces == "all" else args.traces.split(",")
     results: dict[str, Any] = {}
@@ -151,7 +169,7 @@ def main() -> None:
         if TRACES[name] is not None and not (args.shared / TRACES[name]).exists():
             print(f"{name:<14} (missing: {args.shared / TRACES[name]})")
             continue
-        r = results[name] = evaluate(name, args.shared, args.plots)
+        r = results[name] = evaluate(name, args.shared, args.plots, no_quotas=args.weights_only)
         c = r["checks"]
         print(
             f"{name:<14}{r['jobs']:>8,}{r['gpus']:>6}{c['demand_ratio']:>7.2f}x"
