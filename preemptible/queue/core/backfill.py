@@ -8,7 +8,9 @@ up would hold it back forever. A later job may start now when it is expected to 
 reservation's start, or when it fits in what will be left over then beyond what the head needs
 (with nodes: it lands on another node, or on a reserved node's GPUs the head will not need).
 Jobs without an estimate are assumed to run for `default_estimate_s`, as SLURM assumes a
-partition's time limit; a job that overruns its estimate is expected to end now.
+partition's time limit; a job that overruns its estimate is expected to end now. Capacity a
+nominated job is waiting for is held by count, not by node: the start stays right, the spare
+on the reserved nodes may be too generous until that job starts.
 """
 
 from __future__ import annotations
@@ -106,11 +108,11 @@ def _plan_nodes(
 
     Walks the running jobs' expected ends in order, freeing their GPUs node by node, until some
     node has room for a job of up to one node's GPUs, or enough nodes are empty for a larger
-    job (plus one with room for its remainder). Ties (common: jobs that overran their estimate
-    are all "expected to end now") go to the node with the most GPUs free now, so the
-    reservation sticks to the node that drains for it. Those overran jobs count for the start,
-    but their GPUs are not spare: nobody knows when they free up, and giving each one away as it
-    frees would hold the head back for ever.
+    job (plus, best fit, one with room for its remainder). Ties (common: jobs that overran
+    their estimate are all "expected to end now") go to the node with the most GPUs free now,
+    so the reservation sticks to the node that drains for it. Those overran jobs count for the
+    start, but their GPUs are not spare: nobody knows when they free up, and giving each one
+    away as it frees would hold the head back for ever.
     """
     per = pool.gpus_per_node
     free_now = pool.free
@@ -133,18 +135,27 @@ def _plan_nodes(
             fits = [n for n in touched if avail[n] >= rest]
             return {by_preference(fits)[0]: rest} if fits else None
         empty = [n for n in range(len(avail)) if avail[n] == per]
-        if len(empty) < whole:
-            return None
         chosen = dict.fromkeys(by_preference(empty)[:whole], per)
-        if rest:
+        if rest:  # the remainder goes best fit, as `NodePool.find` will place it
             room = [n for n in range(len(avail)) if n not in chosen and avail[n] >= rest]
-            if not room:
-                return None
-            chosen[by_preference(room)[0]] = rest
+            chosen[min(room, key=lambda n: (avail[n], -free_now[n], n))] = rest
         return chosen
 
+    # For a gang, count empty nodes and partly used nodes with room for the remainder, so that
+    # the nodes are scanned only once the gang fits (not at every end: O(nodes x ends)).
+    def kind(n: int) -> int:
+        return 2 if avail[n] == per else 1 if rest and avail[n] >= rest else 0
+
+    counts = [0, 0, 0]
+    for n in range(len(avail) if whole else 0):
+        counts[kind(n)] += 1
+
+    def gang_fits() -> bool:
+        empty, room = counts[2], counts[1]
+        return empty >= whole and (not rest or empty > whole or room > 0)
+
     t = now
-    need = plan(range(len(avail)))
+    need = plan(range(len(avail))) if not whole or gang_fits() else None
     pending = next(ends, None)
     while need is None and pending is not None:
         t = max(now, pending[0])
@@ -152,14 +163,17 @@ def _plan_nodes(
         while pending is not None and max(now, pending[0]) == t:
             end, placement = pending
             for n, g in placement:
+                if whole:
+                    counts[kind(n)] -= 1
                 avail[n] += g
+                if whole:
+                    counts[kind(n)] += 1
                 if end > now:
                     sure[n] += g
                 touched.add(n)
             pending = next(ends, None)
-        if whole and not any(avail[n] >= (rest or per) for n in touched):
-            continue  # no node became empty enough to change the answer
-        need = plan(touched)
+        if not whole or gang_fits():
+            need = plan(touched)
     if need is None:
         return INFINITY, {}
     return t, {n: max(0, sure[n] - g) for n, g in need.items()}

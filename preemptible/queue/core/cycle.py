@@ -17,9 +17,10 @@ Phases, as in kueue's `schedule()`:
 4. Stop early when nothing is free and nothing can be preempted: the rest wait for capacity.
 
 Ordering criteria, in order (policy `preemptible`):
-    1. tier, higher first; a borrower is ordered after pending work within its nominal quota
-       of its own tier, and in the lowest tier of such work when that is lower than its own
-       (`nominal_first`): that work would reclaim whatever the borrower got;
+    1. tier, higher first; a borrower is ordered after other queues' pending work within
+       their nominal quota of its own tier, and in the lowest tier of such work when that is
+       lower than its own (`nominal_first`): that work would reclaim whatever the borrower
+       got. A queue's own work never demotes its borrowers (within a queue, age decides);
     2. fair-share value of the job's queue (1.0 = exactly its weighted share) minus waiting
        time / `aging` (one `aging` of waiting is worth one fair-share unit), capped at
        `aging_max_units`: once every queue's head has waited that long, fair share alone
@@ -101,8 +102,9 @@ class _Cycle:
         self.examined = 0
         self.default_reason = "pending: waiting for its turn"
         self.fs_cache: dict[str, float] = {}
-        self.step_share = dominant_share(1, 0 if cl.gpus else 1, 0, cl)
-        """Dominant share of one GPU (one CPU on a cluster without GPUs): the "after" step."""
+        units = ((1, 0, 0), (0, 1, 0), (0, 0, 1))
+        self.step_share = next((x for u in units if (x := dominant_share(*u, cl))), 0.0)
+        """Dominant share of one GPU (else one CPU, else 1 GB): the "after" step."""
         self.failed: list[tuple[str, int, int]] = []
         self.cost_cache: dict[str, tuple[tuple, float, float]] = {}
         self.rerun = False
@@ -118,9 +120,9 @@ class _Cycle:
         """Failed victim searches of this cycle (for any reason); `failed` is what backs off."""
         self.candidate_cache: dict[tuple, list] = {}
         self.reclaimer_rank = self._reclaimer_ranks()
-        """Lowest tier of pending work within its nominal quota: a borrower of this tier or a
-        higher one is ordered in this tier after that work, which would reclaim whatever it is
-        given."""
+        """Per queue, the lowest tier of other queues' pending work within nominal quota: a
+        borrower of this tier or a higher one is ordered in this tier after that work, which
+        would reclaim whatever it is given."""
 
     # --- orchestration ------------------------------------------------------------------------
 
@@ -220,6 +222,7 @@ class _Cycle:
                 res.borrowing and verdict is QuotaVerdict.WITHIN_NOMINAL and job.queue != res.queue
             ):
                 self._admit(job, placement, verdict, self._admit_reason(job, verdict))
+                self._use_held_nodes(placement)
                 return "next"
             settings = self.config.policy
             kept = self._backfill_placement(job, placement, res)
@@ -244,6 +247,7 @@ class _Cycle:
                     backfill=True,
                     loan_for=head,
                 )
+                self._use_held_nodes(placement)
                 return "next"
             self.reasons[job.id] = (
                 f"pending: would delay the reservation of {self.reservation.job_id}"
@@ -307,6 +311,16 @@ class _Cycle:
         if may_backfill(job, elsewhere, res, now=self.now, default_estimate_s=estimate):
             return elsewhere
         return None
+
+    def _use_held_nodes(self, placement: Placement) -> None:
+        """GPUs taken on the reservation's nodes without its consent (work within nominal quota
+        past a borrower's reservation, a loan, a preemptor's hold) are no longer spare there."""
+        res = self.reservation
+        if res is None or not res.node_spare:
+            return
+        for n, g in placement:
+            if n in res.node_spare:
+                res.node_spare[n] = max(0, res.node_spare[n] - g)
 
     def _admit(
         self,
@@ -479,6 +493,7 @@ class _Cycle:
         if self.pool is not None and plan.placement:
             hold = [(n, min(g, self.pool.free[n])) for n, g in plan.placement]
             self.pool.take([(n, g) for n, g in hold if g > 0])
+            self._use_held_nodes(hold)
         self.reasons[job.id] = (
             f"pending: preempting {', '.join(names)} to make room; starts when they exit"
         )
@@ -538,15 +553,16 @@ class _Cycle:
         return (-rank, demoted, self._fair_share(job) - credit)
 
     def _reclaimer_ranks(self) -> dict[str, int]:
-        """Per queue: the lowest tier of pending work within nominal quota in *other* queues."""
-        top = max(t.rank for t in Tier)
+        """Per queue: the lowest tier of pending work within nominal quota in *other* queues
+        (one above the top tier when there is none, so that nobody is demoted)."""
+        none = max(t.rank for t in Tier) + 1
         p = self.policy
-        ranks = dict.fromkeys(self.st.queues, top)
+        ranks = dict.fromkeys(self.st.queues, none)
         if not (p.nominal_first and p.quotas and p.reclaim and p.ordering is Ordering.FAIR):
             return ranks
         lowest: dict[str, int] = {}
         for (queue, rank, gpus, cpus, memory), group in self.st.groups.items():
-            if rank >= lowest.get(queue, top) or not group.jobs:
+            if rank >= lowest.get(queue, none) or not group.jobs:
                 continue
             q = self.st.queues[queue]
             if (
@@ -554,8 +570,10 @@ class _Cycle:
                 is QuotaVerdict.WITHIN_NOMINAL
             ):
                 lowest[queue] = rank
+        # The two lowest, from different queues: each queue sees the lowest of the others.
+        by_rank = sorted((r, q) for q, r in lowest.items())[:2]
         for name in ranks:
-            ranks[name] = min((r for q, r in lowest.items() if q != name), default=top)
+            ranks[name] = next((r for r, q in by_rank if q != name), none)
         return ranks
 
     def _starving(self, job: Job) -> bool:

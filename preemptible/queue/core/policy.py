@@ -80,10 +80,10 @@ class Policy:
     max_preemption_plans: int = 8
     """At most this many victim searches per cycle (each scans running jobs)."""
     nominal_first: bool = False
-    """FAIR ordering: a borrower is ordered after pending work within its nominal quota of the
-    same tier, or of a lower tier (then in that tier), as kueue orders work within nominal
-    quota first. Capacity given to it first would be reclaimed at once, for a lost save and
-    restore."""
+    """FAIR ordering: a borrower is ordered after other queues' pending work within their
+    nominal quota of the same tier, or of a lower tier (then in that tier), as kueue orders
+    work within nominal quota first. Capacity given to it first would be reclaimed at once,
+    for a lost save and restore. A queue's own work does not demote its borrowers."""
 
 
 POLICIES: dict[str, Policy] = {

@@ -184,10 +184,6 @@ class ClusterState:
         del self.ends[i]
         return running
 
-    def expected_end(self, job_id: str) -> float:
-        """When running job `job_id` is expected to release its resources."""
-        return self._end_of[job_id]
-
     def _lend(self, to: str, gpus: int) -> None:
         left = self.loans.get(to, 0) + gpus
         if left > 0:

@@ -527,6 +527,18 @@ def test_a_borrower_yields_free_capacity_to_same_tier_work_within_nominal():
     assert admitted(schedule(only_a, 10.0, OURS, cfg)) == ["a-more"]
 
 
+@pytest.mark.parametrize("tier", ["low", "normal", "critical"])
+def test_a_queues_own_work_within_nominal_never_demotes_its_older_borrower(tier):
+    cfg = config()
+    busy = [running(job(f"{q}{i}", queue=q, gpus=1), started=0.0) for q in "ab" for i in range(3)]
+    pending = [
+        job("big", queue="a", gpus=2, tier=tier, at=0.0),  # would borrow: a holds 3 of 4
+        job("small", queue="a", gpus=1, tier=tier, at=100.0),  # within a's nominal quota
+    ]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 200.0, OURS, cfg)
+    assert admitted(r) == ["big"]
+
+
 def test_a_borrower_does_not_preempt_another_queues_borrowed_work():
     # Both a and b run beyond their nominal quota. a's high job would borrow too: taking b's
     # borrowed low job would only let b reclaim it back, so it waits. Within a's own queue, tier
