@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,12 +40,69 @@ def torchrun(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # its own process group, so that a failed test kills the workers
     )
 
 
+def kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL torchrun and its workers (they would otherwise outlive a failed test)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str]:
-    out, _ = proc.communicate(timeout=timeout)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        raise
     return proc.returncode, out
+
+
+class Output:
+    """A process's output, read by a thread, so that waiting for a line can time out (a blocking
+    read hangs the whole run when the line never comes)."""
+
+    def __init__(self, proc: subprocess.Popen[str]):
+        self.proc = proc
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def _read(self, deadline: float, pattern: str | None) -> bool:
+        """Collect lines until one matches `pattern` (True) or the output ends (False)."""
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                return False
+            self.lines.append(line)
+            if pattern is not None and re.search(pattern, line):
+                return True
+        kill_group(self.proc)
+        raise AssertionError(f"timed out waiting for {pattern or 'the end'}:\n{self.text}")
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def until(self, pattern: str, timeout: float = 120) -> None:
+        """Wait for a line matching `pattern`; fail (and kill the process) if none comes."""
+        if not self._read(time.monotonic() + timeout, pattern):
+            raise AssertionError(f"the output ended without {pattern!r}:\n{self.text}")
+
+    def finish(self, timeout: float = 60) -> tuple[int, str]:
+        """Wait for the end of the output and the exit code."""
+        self._read(time.monotonic() + timeout, None)
+        return self.proc.wait(timeout=10), self.text
 
 
 def test_a_worker_killed_mid_run_restarts_and_ends_bitwise_equal_to_an_uninterrupted_run(tmp_path):
@@ -63,17 +124,12 @@ def test_sigterm_to_torchrun_makes_every_worker_checkpoint_the_same_step_and_exi
     proc = torchrun(
         tmp_path / "run", "--steps", "100000", "--step-seconds", "0.02", "--every", "1000"
     )
-    assert proc.stdout is not None
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("rank 1 step 15 "):
-            break
+    output = Output(proc)
+    output.until(r"rank 1 step (1[5-9]|[2-9]\d|\d{3,}) ")
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    code, rest = finish(proc, timeout=60)
+    code, out = output.finish(timeout=60)
     elapsed = time.monotonic() - sent
-    out = "".join(lines) + rest
     stops = [int(s) for s in re.findall(r"preempted: checkpointed step (\d+)", out)]
     assert len(stops) == 2 and stops[0] == stops[1], out  # both ranks, one step
     latest = Checkpointer(tmp_path / "run").latest()
