@@ -247,8 +247,7 @@ class _Cycle:
                     backfill=True,
                     loan_for=head,
                 )
-                self._use_held_nodes(placement)
-                return "next"
+                return "next"  # a loan's GPUs come back to the reservation: its spare stands
             self.reasons[job.id] = (
                 f"pending: would delay the reservation of {self.reservation.job_id}"
             )
@@ -313,8 +312,8 @@ class _Cycle:
         return None
 
     def _use_held_nodes(self, placement: Placement) -> None:
-        """GPUs taken on the reservation's nodes without its consent (work within nominal quota
-        past a borrower's reservation, a loan, a preemptor's hold) are no longer spare there."""
+        """GPUs taken for good on the reservation's nodes without its consent (work within
+        nominal quota past a borrower's reservation, a preemptor's hold) are no longer spare."""
         res = self.reservation
         if res is None or not res.node_spare:
             return
