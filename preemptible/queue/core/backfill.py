@@ -16,7 +16,7 @@ on the reserved nodes may be too generous until that job starts.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from preemptible.queue.core.model import Job
@@ -40,6 +40,12 @@ class Reservation:
     node_spare: dict[int, int] = field(default_factory=dict)
     """With nodes: the nodes the head is expected to start on -> GPUs free there at `start_at`
     beyond the head's need. Empty without nodes (then `spare` counts GPUs too)."""
+
+    def consume(self, placement: Placement) -> None:
+        """GPUs taken now on the held nodes are no longer spare there (never below none)."""
+        for n, g in placement:
+            if n in self.node_spare:
+                self.node_spare[n] = max(0, self.node_spare[n] - g)
 
 
 Started = tuple[float, Sequence[float], Placement]
@@ -71,6 +77,22 @@ def plan_reservation(
     return res
 
 
+def _releases(
+    state: ClusterState, also_running: Sequence[Started]
+) -> Iterator[tuple[float, Sequence[float], Placement]]:
+    """(expected end, request, placement) of the running jobs and of this cycle's admissions,
+    earliest end first."""
+    running = state.running
+    return heapq.merge(
+        (
+            (end, running[jid].job.request.as_tuple(), running[jid].placement)
+            for end, jid in state.ends
+        ),
+        sorted(also_running, key=lambda e: e[0]),
+        key=lambda e: e[0],
+    )
+
+
 def _plan_counts(
     job: Job,
     *,
@@ -82,22 +104,10 @@ def _plan_counts(
     """The reservation by counts alone: the earliest expected end after which the head fits."""
     need = job.request.as_tuple()
     avail = list(free)
-    extra = sorted(also_running, key=lambda e: e[0])
-    k = 0
-    for end, jid in state.ends:
-        while k < len(extra) and extra[k][0] <= end:
-            _add(avail, extra[k][1])
-            k += 1
-            if _fits(avail, need):
-                return _done(job, max(now, extra[k - 1][0]), avail, need)
-        _add(avail, state.running[jid].job.request.as_tuple())
+    for end, request, _ in _releases(state, also_running):
+        _add(avail, request)
         if _fits(avail, need):
             return _done(job, max(now, end), avail, need)
-    while k < len(extra):
-        _add(avail, extra[k][1])
-        k += 1
-        if _fits(avail, need):
-            return _done(job, max(now, extra[k - 1][0]), avail, need)
     return Reservation(job_id=job.id, queue=job.queue, start_at=INFINITY, spare=[0.0, 0.0, 0.0])
 
 
@@ -120,12 +130,7 @@ def _plan_nodes(
     sure = list(free_now)
     gpus = int(job.request.gpus)
     whole, rest = (0, gpus) if gpus <= per else divmod(gpus, per)
-    running = state.running
-    ends = heapq.merge(
-        ((end, running[jid].placement) for end, jid in state.ends),
-        sorted((end, placement) for end, _, placement in also_running),
-        key=lambda e: e[0],
-    )
+    ends = _releases(state, also_running)
 
     def by_preference(nodes: Iterable[int]) -> list[int]:
         return sorted(nodes, key=lambda n: (-free_now[n], n))
@@ -161,7 +166,7 @@ def _plan_nodes(
         t = max(now, pending[0])
         touched = set()
         while pending is not None and max(now, pending[0]) == t:
-            end, placement = pending
+            end, _, placement = pending
             for n, g in placement:
                 if whole:
                     counts[kind(n)] -= 1
@@ -206,9 +211,7 @@ def may_backfill(
         return False
     if any(g > nodes[n] for n, g in placement if n in nodes):
         return False
-    for n, g in placement:
-        if n in nodes:
-            nodes[n] -= g
+    reservation.consume(placement)
     for i in (1, 2):
         spare[i] -= req[i]
     return True

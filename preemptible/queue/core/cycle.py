@@ -227,7 +227,7 @@ class _Cycle:
             settings = self.config.policy
             kept = self._backfill_placement(job, placement, res)
             if kept is not None:
-                head = self.reservation.job_id
+                head = res.job_id
                 self._admit(
                     job,
                     kept,
@@ -237,7 +237,7 @@ class _Cycle:
                 )
                 return "next"
             if self._may_loan(job):
-                head = self.reservation.job_id
+                head = res.job_id
                 self._admit(
                     job,
                     placement,
@@ -248,9 +248,7 @@ class _Cycle:
                     loan_for=head,
                 )
                 return "next"  # a loan's GPUs come back to the reservation: its spare stands
-            self.reasons[job.id] = (
-                f"pending: would delay the reservation of {self.reservation.job_id}"
-            )
+            self.reasons[job.id] = f"pending: would delay the reservation of {res.job_id}"
             if job.estimate_s is None and not self.policy.loan_backfill:
                 return "skip"  # the rest of the group has the same shape (and no estimate)
             # With loans, the refusal may be this job's own (its save, its last preemption).
@@ -314,12 +312,8 @@ class _Cycle:
     def _use_held_nodes(self, placement: Placement) -> None:
         """GPUs taken for good on the reservation's nodes without its consent (work within
         nominal quota past a borrower's reservation, a preemptor's hold) are no longer spare."""
-        res = self.reservation
-        if res is None or not res.node_spare:
-            return
-        for n, g in placement:
-            if n in res.node_spare:
-                res.node_spare[n] = max(0, res.node_spare[n] - g)
+        if self.reservation is not None:
+            self.reservation.consume(placement)
 
     def _admit(
         self,
