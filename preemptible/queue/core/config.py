@@ -54,6 +54,10 @@ class PolicySettings:
     """Waiting this long is worth one fair-share unit (a tier is never crossed)."""
     aging_max_units: float = 2.0
     """Aging credit stops growing at this many fair-share units (see docs/scheduling.md)."""
+    starvation_limit_s: float = 2 * 86400.0
+    """A job that has waited this long goes first in its tier, oldest first, even when its
+    queue is above its fair share; 0 turns the limit off (then only jobs of queues below
+    their share do, once past the aging cap)."""
     backfill: bool = True
     """Start smaller jobs ahead of a blocked head job when they do not delay it."""
     default_estimate_s: float = 4 * 3600.0
@@ -235,6 +239,7 @@ def _policy(raw: Any) -> PolicySettings:
         "fair_share_half_life",
         "aging",
         "aging_max_units",
+        "starvation_limit",
         "backfill",
         "default_estimate",
         "backfill_depth",
@@ -254,6 +259,10 @@ def _policy(raw: Any) -> PolicySettings:
             raise ConfigError("policy.aging: must be longer than 0s")
     if "aging_max_units" in raw:
         kwargs["aging_max_units"] = _number(raw["aging_max_units"], "policy.aging_max_units")
+    if "starvation_limit" in raw:
+        kwargs["starvation_limit_s"] = parse_duration(
+            raw["starvation_limit"], key="policy.starvation_limit"
+        )
     if "backfill" in raw:
         if not isinstance(raw["backfill"], bool):
             raise ConfigError(f"policy.backfill: expected true or false, got {raw['backfill']!r}")

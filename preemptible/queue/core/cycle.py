@@ -25,8 +25,9 @@ Ordering criteria, in order (policy `preemptible`):
        time / `aging` (one `aging` of waiting is worth one fair-share unit), capped at
        `aging_max_units`: once every queue's head has waited that long, fair share alone
        decides, so saturated queues still converge to their weights. A job that has waited
-       past the cap while its queue is below its fair share (value < 1) is starving: it goes
-       first in its tier, oldest first, and so gets the backfill reservation;
+       past the cap while its queue is below its fair share (value < 1), or past the
+       `starvation_limit` whatever its queue's share, is starving: it goes first in its tier,
+       oldest first, and so gets the backfill reservation;
     3. submission time, then job id (stable tie-break).
 
 Nothing here reads a clock, does I/O or mutates the snapshot: the shell applies the decisions.
@@ -538,9 +539,9 @@ class _Cycle:
                 demoted = 1.0
         credit = wait / settings.aging_s
         if credit >= settings.aging_max_units:
-            if self._fair_share(job, after=False) < 1.0:
-                # Starving in a queue below its fair share: oldest first, ahead of the rest of
-                # its tier, so it gets the reservation and capacity drains towards it.
+            if self._starving(job):
+                # Oldest first, ahead of the rest of its tier, so it gets the reservation and
+                # capacity drains towards it.
                 return (-rank, demoted, _STARVING + job.submitted_at)
             credit = settings.aging_max_units
         return (-rank, demoted, self._fair_share(job) - credit)
@@ -570,10 +571,16 @@ class _Cycle:
         return ranks
 
     def _starving(self, job: Job) -> bool:
-        """Waited past the aging cap while its queue is below its fair share."""
+        """Waited past the aging cap while its queue is below its fair share, or past the
+        starvation limit whatever the share: a burst far beyond a queue's weight would
+        otherwise wait for as long as the other queues keep busy."""
         settings = self.config.policy
-        if self.now - job.submitted_at < settings.aging_s * settings.aging_max_units:
+        wait = self.now - job.submitted_at
+        if wait < settings.aging_s * settings.aging_max_units:
             return False
+        limit = settings.starvation_limit_s
+        if limit and wait >= limit:
+            return True
         return self._fair_share(job, after=False) < 1.0
 
     def _fair_share(self, job: Job, *, after: bool = True) -> float:

@@ -11,6 +11,7 @@ gpus_per_node = 8
 [policy]
 fair_share_half_life = "7d"
 aging = "1h"
+starvation_limit = "3d"
 backfill = false
 [preemption]
 grace_safety = 2.0
@@ -62,6 +63,7 @@ def test_full_config_parses_every_key():
     assert cfg.cluster.gpus == 16 and cfg.cluster.nodes == 2 and cfg.cluster.gpus_per_node == 8
     assert cfg.policy.fair_share_half_life_s == 7 * 86400
     assert cfg.policy.aging_s == 3600 and cfg.policy.backfill is False
+    assert cfg.policy.starvation_limit_s == 3 * 86400
     p = cfg.preemption
     assert (p.grace_safety, p.grace_margin_s, p.grace_min_s, p.grace_max_s) == (2.0, 5, 20, 300)
     assert (p.min_runtime_s, p.min_runtime_multiple, p.cooldown_s) == (600, 4, 900)
@@ -83,6 +85,7 @@ def test_auto_gpus_is_left_to_the_shell():
     [
         ("[cluster]\ngpus = 8\n[policy]\nagin = '1h'\n", "unknown key 'agin'"),
         ("[cluster]\ngpus = 8\n[policy]\naging = 'soon'\n", "policy.aging"),
+        ("[cluster]\ngpus = 8\n[policy]\nstarvation_limit = '-1d'\n", "policy.starvation_limit"),
         ("[policy]\naging = '1h'\n", "[cluster] is missing"),
         ("[cluster]\ngpus = 8\nnodes = 3\ngpus_per_node = 8\n", "make them agree"),
         (
@@ -99,6 +102,7 @@ def test_auto_gpus_is_left_to_the_shell():
     ids=[
         "typo",
         "bad-duration",
+        "negative-limit",
         "no-cluster",
         "nodes-mismatch",
         "overcommitted",
