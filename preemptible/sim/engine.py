@@ -37,6 +37,7 @@ from preemptible.queue.core import (
     dominant_share,
     schedule,
 )
+from preemptible.queue.core.placement import Placement
 from preemptible.sim.trace import TraceJob
 
 _ARRIVE, _EXIT, _FINISH = 0, 1, 2
@@ -294,7 +295,7 @@ class Simulator:
     def _start(
         self,
         job_id: str,
-        placement: tuple[tuple[int, int], ...],
+        placement: Placement,
         now: float,
         *,
         loan_for: str | None,

@@ -23,7 +23,6 @@ add victims greedily by cost per GPU, then drop any victim the fit does not need
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -76,12 +75,10 @@ def lost_gpu_seconds(running: RunningJob, now: float, grace_s: float) -> float:
 def queue_budget_left(
     state: ClusterState, queue: str, now: float, settings: PreemptionSettings, used: int
 ) -> int:
-    """Preemptions the queue may still suffer in the rolling hour."""
-    log = state.recent_preemptions.get(queue)
-    recent = 0
-    if log:
-        times = list(log)
-        recent = len(times) - bisect.bisect_left(times, now - 3600.0)
+    """Preemptions the queue may still suffer in the rolling hour (the log holds at most the
+    last hour's, pruned as it is written, so counting it is cheap)."""
+    since = now - 3600.0
+    recent = sum(1 for at in state.recent_preemptions.get(queue, ()) if at >= since)
     return settings.queue_budget_per_hour - recent - used
 
 

@@ -444,6 +444,9 @@ def test_queue_budget_caps_preemptions_per_hour():
         cfg,
     )
     assert r.preempt == ()
+    # A preemption more than an hour ago no longer counts.
+    snap = snapshot(cfg, pending=pending, running_jobs=victims, recent_preemptions={"a": [1300.0]})
+    assert len(schedule(snap, 5000.0, OURS, cfg).preempt) == 1
 
 
 def test_nominated_job_gets_freed_capacity_before_others():
