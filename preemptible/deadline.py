@@ -23,7 +23,6 @@ The parsers of ``scontrol -o`` output are pure functions so that they are tested
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
 import signal
@@ -178,26 +177,20 @@ def _slurm_grace(env: Mapping[str, str], runner: Runner) -> Grace:
 
 def _slurm_signal_seconds(env: Mapping[str, str]) -> float | None:
     raw = env.get(SLURM_SIGNAL_ENV)
-    if raw is not None and raw.strip():
-        try:
-            value = float(raw)
-        except ValueError:
-            lead = parse_signal_spec(raw)
-            if lead is None:
-                raise ConfigError(
-                    f"{SLURM_SIGNAL_ENV}={raw!r} is neither a number of seconds nor a --signal "
-                    "value such as 'B:USR1@120'"
-                ) from None
-            return lead
-        return _finite_non_negative(value, SLURM_SIGNAL_ENV, raw)
-    sbatch = env.get("SBATCH_SIGNAL")
-    return parse_signal_spec(sbatch) if sbatch else None
-
-
-def _finite_non_negative(value: float, name: str, raw: str) -> float:
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{name}={raw!r} must be a finite number of seconds >= 0")
-    return value
+    if raw is None or not raw.strip():
+        sbatch = env.get("SBATCH_SIGNAL")
+        return parse_signal_spec(sbatch) if sbatch else None
+    try:
+        float(raw)
+    except ValueError:
+        lead = parse_signal_spec(raw)
+        if lead is None:
+            raise ConfigError(
+                f"{SLURM_SIGNAL_ENV}={raw!r} is neither a number of seconds nor a --signal "
+                "value such as 'B:USR1@120'"
+            ) from None
+        return lead
+    return seconds_from_env(env, SLURM_SIGNAL_ENV)
 
 
 def _run(argv: list[str], timeout: float) -> str | None:
