@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from preemptible.errors import TraceFormatError
+from preemptible.queue.core.model import Tier
 
 REQUIRED = ("job_id", "submit_s", "duration_s", "gpus", "queue", "tier")
 OPTIONAL = ("cpus", "memory_gb", "estimate_s", "checkpoint_s")
-TIERS = ("critical", "high", "normal", "low")
+TIERS = tuple(t.value for t in sorted(Tier, key=lambda t: -t.rank))
+"""The core's tiers, highest first (as the error message lists them)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
