@@ -224,3 +224,26 @@ def test_a_two_gpu_job_is_not_starved_by_a_stream_of_one_gpu_jobs_of_its_own_que
     pair = next(r for r in result.records if r.trace.job_id == "pair")
     # The fill jobs on one node end between 5 h and 5.5 h: the pair starts by then.
     assert pair.wait_s <= 6 * hour, pair.wait_s / hour
+
+
+@pytest.mark.parametrize(("limit", "longest_h"), [("1d", (24, 26)), (0, (48, 400))])
+def test_a_burst_above_its_queues_share_waits_no_longer_than_the_starvation_limit(limit, longest_h):
+    # Team a used the whole cluster alone for three weeks, so its decayed usage stays above its
+    # share for days (7-day half-life); b then keeps the cluster full while a bursts. Past the
+    # limit a's oldest job goes first whatever a's share; without one, a waits until its usage
+    # has decayed below its share (about 110 h) or b's stream ends (96 h).
+    cfg = parse_config_text(
+        "[cluster]\ngpus = 4\n"
+        f"[policy]\nstarvation_limit = {limit!r}\n"
+        "[[queues]]\nname = 'a'\n[[queues]]\nname = 'b'\n"
+    )
+    hour = 3600.0
+    start = 500 * hour
+    jobs = [_job(f"a-old{i}", 0.0, start, queue="a") for i in range(4)]
+    jobs += [_job(f"a-burst{i}", start + 60.0, hour, queue="a") for i in range(4)]
+    b_from = start - hour  # b's backlog has formed when the burst arrives
+    jobs += [_job(f"b{i:04d}", b_from + i * 450.0, hour, queue="b") for i in range(8 * 24 * 4)]
+    result = Simulator(jobs, cfg, POLICIES["preemptible"]).run()
+    burst = [r.wait_s / hour for r in result.records if r.trace.job_id.startswith("a-burst")]
+    lo, hi = longest_h
+    assert lo <= max(burst) <= hi, burst
