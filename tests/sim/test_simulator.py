@@ -231,7 +231,7 @@ def test_a_burst_above_its_queues_share_waits_no_longer_than_the_starvation_limi
     # Team a used the whole cluster alone for three weeks, so its decayed usage stays above its
     # share for days (7-day half-life); b then keeps the cluster full while a bursts. Past the
     # limit a's oldest job goes first whatever a's share; without one, a waits until its usage
-    # has decayed below its share (about 110 h) or b's stream ends (96 h).
+    # has decayed below its share (110 h here).
     cfg = parse_config_text(
         "[cluster]\ngpus = 4\n"
         f"[policy]\nstarvation_limit = {limit!r}\n"
