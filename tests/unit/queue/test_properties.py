@@ -269,8 +269,8 @@ def test_saturated_queues_converge_to_their_weights(weights):
     result = _run(jobs, cfg)
     # Steady state: every queue's oldest job has waited past the aging cap (2 h), which takes
     # up to 5 h here as backlogs grow at 40% of the arrival rate or more; all are saturated.
-    # Within the window measured no wait reaches the starvation limit (2 days), past which
-    # age beats the weights (the drain after the last arrival does reach it).
+    # No wait here reaches the starvation limit (2 days; the longest is 24 h, in the drain after
+    # the last arrival), past which age beats the weights.
     lo, hi = 6 * 3600.0, hours * 3600.0
     held = dict.fromkeys(names, 0.0)
     for rec in result.records:
