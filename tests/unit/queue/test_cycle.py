@@ -202,6 +202,37 @@ def test_a_reservation_holds_a_node_when_running_jobs_overran_their_estimates():
     assert "would delay the reservation of pair" in r.reason_for("s2")
 
 
+def test_work_within_nominal_quota_past_a_borrowers_reservation_uses_up_its_spare():
+    # Without nominal_first the borrower's head comes first and reserves node 0, which frees
+    # room for it plus one GPU at t=1h. b's job within nominal quota may pass the borrower's
+    # reservation; it lands on node 0 and takes that one spare GPU, so c's long job may not.
+    policy = dataclasses.replace(OURS, nominal_first=False, loan_backfill=False)
+    cfg = config(
+        gpus=8,
+        nodes=2,
+        queues={"a": (1.0, 0, INF), "b": (1.0, 4, INF), "c": (1.0, 0, INF)},
+        preemption={"enabled": False},
+    )
+    busy = [
+        dataclasses.replace(
+            running(job("x0", gpus=2, estimate=3600.0, restore=0.0)), placement=((0, 2),)
+        ),
+        dataclasses.replace(
+            running(job("x1", gpus=4, estimate=36000.0, restore=0.0)), placement=((1, 4),)
+        ),
+    ]
+    pending = [
+        job("head", gpus=3, at=0.0),
+        job("b-small", queue="b", gpus=1, at=1.0),
+        job("c-long", queue="c", gpus=1, at=2.0, estimate=36000.0, aware=False),
+    ]
+    snap = snapshot(cfg, pending=pending, running_jobs=busy, usage={"b": 0.9, "c": 0.95})
+    r = schedule(snap, 100.0, policy, cfg)
+    assert r.reserve[0].job_id == "head"
+    assert admitted(r) == ["b-small"] and r.admit[0].placement == ((0, 1),)
+    assert "would delay the reservation of head" in r.reason_for("c-long")
+
+
 def test_within_a_queue_age_decides_whatever_the_job_size():
     # Both have aged past the cap in a queue above its fair share. Sized by the job, the small
     # one would always go first, and a big job in a backlog of small ones would starve.
