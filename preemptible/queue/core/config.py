@@ -7,6 +7,7 @@ problem raises `ConfigError` naming the key and the fix, so a typo never becomes
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from collections.abc import Mapping
@@ -25,7 +26,7 @@ def parse_duration(value: Any, *, key: str = "duration") -> float:
     """Seconds from "30s", "5m", "2h", "7d", "1w" or a plain number of seconds.
 
     Raises:
-        ConfigError: the value is negative or not a duration.
+        ConfigError: the value is negative, infinite or not a duration.
     """
     if isinstance(value, bool):
         raise ConfigError(f"{key}: expected a duration like '30s' or '5m', got {value!r}")
@@ -39,6 +40,8 @@ def parse_duration(value: Any, *, key: str = "duration") -> float:
                 "e.g. '30s', '5m', '2h', '7d'"
             )
         seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{key}: must be a finite duration, got {value!r}")
     if seconds < 0:
         raise ConfigError(f"{key}: must not be negative, got {value!r}")
     return seconds
@@ -55,9 +58,7 @@ class PolicySettings:
     aging_max_units: float = 2.0
     """Aging credit stops growing at this many fair-share units (see docs/scheduling.md)."""
     starvation_limit_s: float = 2 * 86400.0
-    """A job that has waited this long goes first in its tier, oldest first, even when its
-    queue is above its fair share; 0 turns the limit off (then only jobs of queues below
-    their share do, once past the aging cap)."""
+    """Past this wait a job goes first in its tier whatever its queue's share; 0 = off."""
     backfill: bool = True
     """Start smaller jobs ahead of a blocked head job when they do not delay it."""
     default_estimate_s: float = 4 * 3600.0

@@ -52,7 +52,7 @@ def test_durations_parse_to_seconds(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "5 minutes", "-3s", "abc", True])
+@pytest.mark.parametrize("text", ["", "5 minutes", "-3s", "abc", True, float("inf"), float("nan")])
 def test_bad_durations_are_rejected(text):
     with pytest.raises(ConfigError):
         parse_duration(text)
@@ -85,7 +85,11 @@ def test_auto_gpus_is_left_to_the_shell():
     [
         ("[cluster]\ngpus = 8\n[policy]\nagin = '1h'\n", "unknown key 'agin'"),
         ("[cluster]\ngpus = 8\n[policy]\naging = 'soon'\n", "policy.aging"),
-        ("[cluster]\ngpus = 8\n[policy]\nstarvation_limit = '-1d'\n", "policy.starvation_limit"),
+        (
+            "[cluster]\ngpus = 8\n[policy]\nstarvation_limit = -1\n",
+            "policy.starvation_limit: must not be negative",
+        ),
+        ("[cluster]\ngpus = 8\n[policy]\nstarvation_limit = inf\n", "must be a finite duration"),
         ("[policy]\naging = '1h'\n", "[cluster] is missing"),
         ("[cluster]\ngpus = 8\nnodes = 3\ngpus_per_node = 8\n", "make them agree"),
         (
@@ -103,6 +107,7 @@ def test_auto_gpus_is_left_to_the_shell():
         "typo",
         "bad-duration",
         "negative-limit",
+        "infinite-limit",
         "no-cluster",
         "nodes-mismatch",
         "overcommitted",
