@@ -226,7 +226,9 @@ def test_a_two_gpu_job_is_not_starved_by_a_stream_of_one_gpu_jobs_of_its_own_que
     assert pair.wait_s <= 6 * hour, pair.wait_s / hour
 
 
-@pytest.mark.parametrize(("limit", "longest_h"), [("1d", (24, 26)), (0, (48, 400))])
+@pytest.mark.parametrize(
+    ("limit", "longest_h"), [("1d", (24, 26)), (0, (48, 400))], ids=["1d-limit", "no-limit"]
+)
 def test_a_burst_above_its_queues_share_waits_no_longer_than_the_starvation_limit(limit, longest_h):
     # Team a used the whole cluster alone for three weeks, so its decayed usage stays above its
     # share for days (7-day half-life); b then keeps the cluster full while a bursts. Past the

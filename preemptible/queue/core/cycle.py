@@ -537,13 +537,11 @@ class _Cycle:
             if verdict is not QuotaVerdict.WITHIN_NOMINAL:
                 rank = reclaimer
                 demoted = 1.0
-        credit = wait / settings.aging_s
-        if credit >= settings.aging_max_units:
-            if self._starving(job):
-                # Oldest first, ahead of the rest of its tier, so it gets the reservation and
-                # capacity drains towards it.
-                return (-rank, demoted, _STARVING + job.submitted_at)
-            credit = settings.aging_max_units
+        if self._starving(job):
+            # Oldest first, ahead of the rest of its tier, so it gets the reservation and
+            # capacity drains towards it.
+            return (-rank, demoted, _STARVING + job.submitted_at)
+        credit = min(wait / settings.aging_s, settings.aging_max_units)
         return (-rank, demoted, self._fair_share(job) - credit)
 
     def _reclaimer_ranks(self) -> dict[str, int]:
@@ -571,16 +569,18 @@ class _Cycle:
         return ranks
 
     def _starving(self, job: Job) -> bool:
-        """Waited past the aging cap while its queue is below its fair share, or past the
-        starvation limit whatever the share: a burst far beyond a queue's weight would
-        otherwise wait for as long as the other queues keep busy."""
+        """Past the starvation limit, or past the aging cap in a queue below its fair share.
+
+        The limit ignores the share: a burst far beyond a queue's weight would otherwise wait
+        for as long as the other queues keep the cluster busy.
+        """
         settings = self.config.policy
         wait = self.now - job.submitted_at
-        if wait < settings.aging_s * settings.aging_max_units:
-            return False
         limit = settings.starvation_limit_s
         if limit and wait >= limit:
             return True
+        if wait < settings.aging_s * settings.aging_max_units:
+            return False
         return self._fair_share(job, after=False) < 1.0
 
     def _fair_share(self, job: Job, *, after: bool = True) -> float:

@@ -244,12 +244,22 @@ def test_within_a_queue_age_decides_whatever_the_job_size():
     assert admitted(r) == ["big"]
 
 
-@pytest.mark.parametrize(("limit", "first"), [("1d", "a-old"), (0, "b-new")])
+@pytest.mark.parametrize(
+    ("limit", "now_h", "b_wait_h", "first"),
+    [
+        ("1d", 27, 3, "a-old"),
+        ("2d", 27, 3, "b-new"),
+        (0, 27, 3, "b-new"),
+        ("1h", 1.5, 1, "a-old"),
+    ],
+    ids=["past-the-limit", "before-the-limit", "no-limit", "limit-below-the-aging-cap"],
+)
 def test_past_the_starvation_limit_the_oldest_job_goes_first_whatever_its_queues_share(
-    limit, first
+    limit, now_h, b_wait_h, first
 ):
-    # a holds 3 of 4 GPUs, far above its half; b is below its share, and its job has waited
-    # past the aging cap (2 h) too. Without a limit, a's burst waits as long as b keeps busy.
+    # a holds 3 of 4 GPUs, far above its half; b is below its share, and b's job is starving
+    # once it has waited past the aging cap (2 h). Without a limit, a's burst waits as long
+    # as b keeps busy.
     cfg = config(
         gpus=4,
         queues={"a": (1.0, 0, INF), "b": (1.0, 0, INF)},
@@ -257,10 +267,10 @@ def test_past_the_starvation_limit_the_oldest_job_goes_first_whatever_its_queues
         preemption={"enabled": False},
     )
     busy = [running(job("x", gpus=3))]
-    pending = [job("a-old", gpus=1, at=0.0), job("b-new", queue="b", gpus=1, at=86400.0)]
+    now = now_h * 3600.0
+    pending = [job("a-old", at=0.0), job("b-new", queue="b", at=now - b_wait_h * 3600.0)]
     snap = snapshot(cfg, pending=pending, running_jobs=busy, usage={"a": 0.9})
-    r = schedule(snap, 86400.0 + 3 * 3600.0, OURS, cfg)
-    assert admitted(r) == [first]
+    assert admitted(schedule(snap, now, OURS, cfg)) == [first]
 
 
 def test_reserve_only_starving_lets_others_skip_ahead_until_the_head_starves():
