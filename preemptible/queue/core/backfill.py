@@ -132,15 +132,15 @@ def _plan_nodes(
     whole, rest = (0, gpus) if gpus <= per else divmod(gpus, per)
     ends = _releases(state, also_running)
 
-    def by_preference(nodes: Iterable[int]) -> list[int]:
-        return sorted(nodes, key=lambda n: (-free_now[n], n))
+    def preference(n: int) -> tuple[int, int]:
+        return (-free_now[n], n)
 
     def plan(touched: Iterable[int]) -> dict[int, int] | None:
         if not whole:
             fits = [n for n in touched if avail[n] >= rest]
-            return {by_preference(fits)[0]: rest} if fits else None
+            return {min(fits, key=preference): rest} if fits else None
         empty = [n for n in range(len(avail)) if avail[n] == per]
-        chosen = dict.fromkeys(by_preference(empty)[:whole], per)
+        chosen = dict.fromkeys(sorted(empty, key=preference)[:whole], per)
         if rest:  # the remainder goes best fit, as `NodePool.find` will place it
             room = [n for n in range(len(avail)) if n not in chosen and avail[n] >= rest]
             chosen[min(room, key=lambda n: (avail[n], -free_now[n], n))] = rest
