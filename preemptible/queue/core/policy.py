@@ -66,7 +66,7 @@ class Policy:
     runtime), so GPUs do not idle while capacity drains for a big job."""
     reserve_only_starving: bool = False
     """Reserve only for a starving job (see cycle.py); others skip ahead like kueue's
-    BestEffortFIFO, so a big job blocks nobody until it has waited past the aging cap."""
+    BestEffortFIFO, so a big job blocks nobody until it starves."""
     head_of_line: bool = False
     """Stop at the first job that does not fit (strict order)."""
     protect_min_runtime: bool = False
