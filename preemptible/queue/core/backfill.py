@@ -8,7 +8,8 @@ up would hold it back forever. A later job may start now when it is expected to 
 reservation's start, or when it fits in what will be left over then beyond what the head needs
 (with nodes: it lands on another node, or on a reserved node's GPUs the head will not need).
 Jobs without an estimate are assumed to run for `default_estimate_s`, as SLURM assumes a
-partition's time limit; a job that overruns its estimate is expected to end now. Capacity a
+partition's time limit; a job that overruns its estimate is expected to end now. A job on loan
+to the head frees its GPUs when the head may take it back, not at its expected end. Capacity a
 nominated job is waiting for is held by count, not by node: the start stays right, the spare
 on the reserved nodes may be too generous until that job starts.
 """
@@ -16,7 +17,7 @@ on the reserved nodes may be too generous until that job starts.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from preemptible.queue.core.model import Job
@@ -60,6 +61,7 @@ def plan_reservation(
     free: Sequence[float],
     pool: NodePool | None = None,
     also_running: Sequence[Started] = (),
+    loans_due: Mapping[str, float] | None = None,
 ) -> Reservation:
     """When `job` could start by the expected ends of running jobs, and what is spare then.
 
@@ -67,44 +69,51 @@ def plan_reservation(
         free: what is free now (GPUs, CPUs, memory), after this cycle's admissions.
         pool: free GPUs per node after this cycle's admissions, when the cluster has nodes.
         also_running: jobs admitted earlier in this cycle (not yet in `state`).
+        loans_due: running job id -> when `job` may take it back (`preemption.loans_due`).
     """
-    res = _plan_counts(job, now=now, state=state, free=free, also_running=also_running)
+    due = loans_due or {}
+    res = _plan_counts(job, now=now, free=free, ends=_releases(state, also_running, due, now))
     if pool is None or job.request.gpus <= 0 or res.start_at == INFINITY:
         return res
-    start_at, node_spare = _plan_nodes(job, now, state, pool, also_running)
+    start_at, node_spare = _plan_nodes(job, now, pool, _releases(state, also_running, due, now))
     res.start_at = max(res.start_at, start_at)
     res.node_spare = node_spare
     return res
 
 
+Release = tuple[float, Sequence[float], Placement, bool]
+"""(expected time, request, placement, sure) of capacity coming back; not sure: the job has
+overrun its estimate and is only assumed to end now."""
+
+
 def _releases(
-    state: ClusterState, also_running: Sequence[Started]
-) -> Iterator[tuple[float, Sequence[float], Placement]]:
-    """(expected end, request, placement) of the running jobs and of this cycle's admissions,
-    earliest end first."""
+    state: ClusterState, also_running: Sequence[Started], loans_due: Mapping[str, float], now: float
+) -> Iterator[Release]:
+    """The running jobs, this cycle's admissions and the head's loans, earliest first."""
     running = state.running
+    loans = sorted((at, jid) for jid, at in loans_due.items())
     return heapq.merge(
         (
-            (end, running[jid].job.request.as_tuple(), running[jid].placement)
+            (end, running[jid].job.request.as_tuple(), running[jid].placement, end > now)
             for end, jid in state.ends
+            if jid not in loans_due
         ),
-        sorted(also_running, key=lambda e: e[0]),
+        (
+            (at, running[jid].job.request.as_tuple(), running[jid].placement, True)
+            for at, jid in loans
+        ),
+        sorted(((end, req, where, True) for end, req, where in also_running), key=lambda e: e[0]),
         key=lambda e: e[0],
     )
 
 
 def _plan_counts(
-    job: Job,
-    *,
-    now: float,
-    state: ClusterState,
-    free: Sequence[float],
-    also_running: Sequence[Started],
+    job: Job, *, now: float, free: Sequence[float], ends: Iterable[Release]
 ) -> Reservation:
     """The reservation by counts alone: the earliest expected end after which the head fits."""
     need = job.request.as_tuple()
     avail = list(free)
-    for end, request, _ in _releases(state, also_running):
+    for end, request, _, _ in ends:
         _add(avail, request)
         if _fits(avail, need):
             return _done(job, max(now, end), avail, need)
@@ -112,28 +121,30 @@ def _plan_counts(
 
 
 def _plan_nodes(
-    job: Job, now: float, state: ClusterState, pool: NodePool, also_running: Sequence[Started]
+    job: Job, now: float, pool: NodePool, releases: Iterable[Release]
 ) -> tuple[float, dict[int, int]]:
     """When and where (by node) the head's GPUs free up, and what is spare on those nodes then.
 
     Walks the running jobs' expected ends in order, freeing their GPUs node by node, until some
     node has room for a job of up to one node's GPUs, or enough nodes are empty for a larger
     job (plus, best fit, one with room for its remainder). Ties (common: jobs that overran
-    their estimate are all "expected to end now") go to the node with the most GPUs free now,
-    so the reservation sticks to the node that drains for it. Those overran jobs count for the
-    start, but their GPUs are not spare: nobody knows when they free up, and giving each one
-    away as it frees would hold the head back for ever.
+    their estimate are all "expected to end now") go to the node with the most GPUs that are
+    free now or lent ahead of the head and due back, so the reservation sticks to the node that
+    drains for it. Those overran jobs count for the start, but their GPUs are not spare: nobody
+    knows when they free up, and giving each one away as it frees would hold the head back for
+    ever.
     """
     per = pool.gpus_per_node
     free_now = pool.free
     avail = list(free_now)
     sure = list(free_now)
+    ready = list(free_now)  # plus loans due back now: the tie-break
     gpus = int(job.request.gpus)
     whole, rest = (0, gpus) if gpus <= per else divmod(gpus, per)
-    ends = _releases(state, also_running)
+    ends = iter(releases)
 
     def preference(n: int) -> tuple[int, int]:
-        return (-free_now[n], n)
+        return (-ready[n], n)
 
     def plan(touched: Iterable[int]) -> dict[int, int] | None:
         if not whole:
@@ -143,7 +154,7 @@ def _plan_nodes(
         chosen = dict.fromkeys(sorted(empty, key=preference)[:whole], per)
         if rest:  # the remainder goes best fit, as `NodePool.find` will place it
             room = [n for n in range(len(avail)) if n not in chosen and avail[n] >= rest]
-            chosen[min(room, key=lambda n: (avail[n], -free_now[n], n))] = rest
+            chosen[min(room, key=lambda n: (avail[n], -ready[n], n))] = rest
         return chosen
 
     # For a gang, count empty nodes and partly used nodes with room for the remainder, so that
@@ -166,15 +177,17 @@ def _plan_nodes(
         t = max(now, pending[0])
         touched = set()
         while pending is not None and max(now, pending[0]) == t:
-            end, _, placement = pending
+            _, _, placement, certain = pending
             for n, g in placement:
                 if whole:
                     counts[kind(n)] -= 1
                 avail[n] += g
                 if whole:
                     counts[kind(n)] += 1
-                if end > now:
+                if certain:
                     sure[n] += g
+                    if t == now:
+                        ready[n] += g
                 touched.add(n)
             pending = next(ends, None)
         if not whole or gang_fits():

@@ -48,7 +48,7 @@ from preemptible.queue.core.fair_share import dominant_share, fair_share_value, 
 from preemptible.queue.core.model import Admit, CycleResult, Job, Preempt, Reserve, Tier
 from preemptible.queue.core.placement import Placement
 from preemptible.queue.core.policy import Ordering, Policy
-from preemptible.queue.core.preemption import find_victims, victim_grace_s
+from preemptible.queue.core.preemption import find_victims, loans_due, victim_grace_s
 from preemptible.queue.core.quota import QuotaVerdict, check_quota, describe_limit, is_borrowing
 from preemptible.queue.core.state import GroupKey, Snapshot
 
@@ -389,6 +389,14 @@ class _Cycle:
             free=self.free,
             pool=self.pool,
             also_running=self.started_ends,
+            loans_due=loans_due(
+                job,
+                now=self.now,
+                state=self.st,
+                alloc=self.alloc,
+                policy=self.policy,
+                settings=self.config.preemption,
+            ),
         )
         res.borrowing = self.policy.quotas and verdict is QuotaVerdict.BORROWING
         self.reservation = res

@@ -141,7 +141,7 @@ def find_victims(
     for vq, running in state.running_by_queue.items():
         reclaim_q = can_reclaim and borrowing[vq] and vq != job.queue
         tier_q = can_tier and (vq == job.queue or (across and borrowing[vq]))
-        loan_q = take_loans and (vq == job.queue or borrowing[vq])
+        loan_q = take_loans and (vq == job.queue or borrowing[vq])  # as in `loans_due`
         if not (reclaim_q or tier_q or loan_q) or not running:
             continue
         if tier_q and policy.anti_thrashing:
@@ -153,10 +153,9 @@ def find_victims(
             if rj.terminating or vjob.id in taken:
                 continue
             tier_ok = tier_q and _RANK[vjob.tier] < rank
-            loan_ok = loan_q and rj.loan_for == job.id and _RANK[vjob.tier] <= rank
+            loan_ok = loan_q and _on_loan_to(rj, job)
             if (tier_ok or loan_ok) and policy.protect_min_runtime:
-                floor = min_runtime_seconds(vjob.save_s, vjob.restore_s, settings)
-                ran_enough = now - rj.started_at >= floor
+                ran_enough = now >= _min_runtime_end(rj, settings)
                 tier_ok, loan_ok = tier_ok and ran_enough, loan_ok and ran_enough
             if tier_ok and policy.anti_thrashing:
                 last = vjob.last_preempted_at
@@ -179,6 +178,44 @@ def find_victims(
     return _choose(
         job, candidates, alloc, free, pool, policy, queue, req, budget_used, state.node_jobs
     )
+
+
+def loans_due(
+    job: Job,
+    *,
+    now: float,
+    state: ClusterState,
+    alloc: Mapping[str, Sequence[float]],
+    policy: Policy,
+    settings: PreemptionSettings,
+) -> dict[str, float]:
+    """Running job id -> when `job` may take it back, for every job on loan to it that it may.
+
+    That is `now`, or the end of the loan's minimum runtime. The reservation counts these GPUs
+    as the head's from then on, not from the loans' expected ends: judged by those ends, the
+    nodes its loans run on look busy, the plan moves to another node, backfill fills the node
+    it left, and the head waits while the plan flips from node to node.
+    """
+    if not policy.loan_backfill or job.id not in state.loans:
+        return {}
+    due: dict[str, float] = {}
+    for vq, running in state.running_by_queue.items():
+        if vq != job.queue and not is_borrowing(state.queues[vq], alloc[vq]):
+            continue  # work within its queue's nominal quota is never taken back
+        for rj in running.values():
+            if not rj.terminating and _on_loan_to(rj, job):
+                back = _min_runtime_end(rj, settings) if policy.protect_min_runtime else now
+                due[rj.job.id] = max(now, back)
+    return due
+
+
+def _on_loan_to(rj: RunningJob, job: Job) -> bool:
+    """`rj` runs on loan ahead of `job`'s reservation and is of no higher tier."""
+    return rj.loan_for == job.id and rj.job.tier.rank <= job.tier.rank
+
+
+def _min_runtime_end(rj: RunningJob, settings: PreemptionSettings) -> float:
+    return rj.started_at + min_runtime_seconds(rj.job.save_s, rj.job.restore_s, settings)
 
 
 def _price(rj, now, policy, settings, newest_first) -> tuple[tuple, float, float]:

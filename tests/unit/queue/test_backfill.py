@@ -4,7 +4,10 @@ import dataclasses
 
 import pytest
 
+from preemptible.queue.core import POLICIES
 from preemptible.queue.core.backfill import may_backfill, plan_reservation
+from preemptible.queue.core.negotiation import min_runtime_seconds
+from preemptible.queue.core.preemption import loans_due
 
 from .factories import config, job, running, snapshot
 
@@ -16,10 +19,25 @@ def on(node_gpus, j, **kw):
     return dataclasses.replace(running(j, **kw), placement=tuple(node_gpus))
 
 
-def plan(cfg, busy, head, now):
+def plan(cfg, busy, head, now, *, loans=False):
     st = snapshot(cfg, running_jobs=busy).state
     free = [cfg.cluster.gpus - st.used[0], INF, INF]
-    return plan_reservation(head, now=now, state=st, free=free, pool=st.pool.copy())
+    due = None
+    if loans:
+        due = due_back(cfg, st, head, now)
+    return plan_reservation(head, now=now, state=st, free=free, pool=st.pool.copy(), loans_due=due)
+
+
+def due_back(cfg, st, head, now):
+    alloc = {name: list(a) for name, a in st.alloc.items()}
+    return loans_due(
+        head,
+        now=now,
+        state=st,
+        alloc=alloc,
+        policy=POLICIES["preemptible"],
+        settings=cfg.preemption,
+    )
 
 
 def test_a_gang_reserves_the_node_that_empties_first_plus_one_for_its_remainder():
@@ -63,3 +81,68 @@ def test_without_nodes_the_plan_counts_gpus():
     res = plan_reservation(job("head", gpus=4), now=100.0, state=st, free=[2, INF, INF])
     assert res.start_at == pytest.approx(3600.0) and res.node_spare == {}
     assert res.spare == [0, INF, INF]
+
+
+def test_the_plan_counts_loans_as_the_heads_once_it_may_take_them_back():
+    cfg = config(gpus=8, nodes=2)  # 2 nodes x 4 GPUs
+    lent = job("lent", gpus=4, estimate=10_000.0, restore=0.0)
+    busy = [
+        on([(0, 4)], lent, loan_for="head"),  # expected to run long, but the head's to take back
+        on([(1, 4)], job("plain", gpus=4, estimate=2_000.0, restore=0.0)),
+    ]
+    head = job("head", gpus=4)
+    back = min_runtime_seconds(lent.save_s, lent.restore_s, cfg.preemption)
+    assert back < 2_000.0
+    # By expected ends, node 1 drains first: the reservation would move off the node its loan
+    # runs on, and backfill would fill node 0 with work the head cannot take back.
+    by_ends = plan(cfg, busy, head, now=100.0)
+    assert (by_ends.start_at, by_ends.node_spare) == (pytest.approx(2_000.0), {1: 0})
+    res = plan(cfg, busy, head, now=100.0, loans=True)
+    assert (res.start_at, res.node_spare) == (pytest.approx(back), {0: 0})
+    # Once the loan is due, the plan says "now".
+    later = plan(cfg, busy, head, now=back + 50.0, loans=True)
+    assert (later.start_at, later.node_spare) == (pytest.approx(back + 50.0), {0: 0})
+
+
+def test_a_due_loan_breaks_the_tie_between_nodes_that_free_up_at_once():
+    cfg = config(gpus=8, nodes=2)
+    # Both nodes hold a job past its estimate (expected to end now); node 1 has one more GPU
+    # free, node 0 has two GPUs on loan to the head that are due back.
+    busy = [
+        on([(0, 2)], job("old-0", gpus=2, estimate=10.0, restore=0.0)),
+        on([(0, 2)], job("lent", gpus=2, estimate=9_000.0, restore=0.0), loan_for="head"),
+        on([(1, 3)], job("old-1", gpus=3, estimate=10.0, restore=0.0)),
+    ]
+    res = plan(cfg, busy, job("head", gpus=4), now=5_000.0, loans=True)
+    assert res.node_spare == {0: 0}
+    assert plan(cfg, busy, job("head", gpus=4), now=5_000.0).node_spare == {1: 0}
+
+
+@pytest.mark.parametrize(
+    ("case", "counted"),
+    [
+        ("own queue", True),
+        ("borrowing queue", True),
+        ("queue within its nominal quota", False),
+        ("higher tier", False),
+        ("lent to another job", False),
+    ],
+)
+def test_loans_due_are_those_the_head_may_take_back(case, counted):
+    cfg = config(gpus=16, queues={"a": (1.0, 8, INF), "b": (1.0, 4, INF), "c": (1.0, 4, INF)})
+    kw = {"queue": "a", "tier": "normal"}
+    lent_for = "head"
+    if case == "borrowing queue":
+        kw["queue"] = "b"
+    elif case == "queue within its nominal quota":
+        kw["queue"] = "c"
+    elif case == "higher tier":
+        kw["tier"] = "high"
+    elif case == "lent to another job":
+        lent_for = "other"
+    loan = running(job("loan", gpus=2, **kw), started=0.0, loan_for=lent_for)
+    busy = [loan, running(job("b-own", queue="b", gpus=4), started=0.0)]  # b at its quota
+    st = snapshot(cfg, running_jobs=busy).state
+    due = due_back(cfg, st, job("head", gpus=8), now=1.0)
+    back = min_runtime_seconds(10.0, 10.0, cfg.preemption)
+    assert due == ({"loan": pytest.approx(back)} if counted else {})

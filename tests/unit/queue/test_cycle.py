@@ -314,6 +314,24 @@ def test_work_that_would_delay_the_reservation_starts_on_loan_if_it_saves_on_not
     assert admitted(slurm) == []  # plain EASY backfill: nothing may delay the head
 
 
+def test_the_reservation_stays_on_the_node_its_loans_run_on():
+    cfg = config(gpus=8, nodes=2, queues={"a": (1.0, 0, INF)})  # 2 x 4 GPUs, all borrowing
+    lent = job("lent", gpus=2, estimate=36_000.0, restore=0.0)  # due back after 300 s
+    busy = [
+        dataclasses.replace(running(lent, started=0.0, loan_for="head"), placement=((0, 2),)),
+        dataclasses.replace(
+            running(job("plain", gpus=4, estimate=3_600.0, restore=0.0), started=0.0),
+            placement=((1, 4),),
+        ),
+    ]
+    pending = [job("head", gpus=4, at=0), job("small", gpus=1, at=1)]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, OURS, cfg)
+    # Judged by the loan's expected end, node 1 would drain first and "small" would backfill
+    # node 0 for good, where the head could have taken its loan back at t=300.
+    assert r.reserve[0].job_id == "head" and r.reserve[0].start_at == pytest.approx(300.0)
+    assert admitted(r) == ["small"] and r.admit[0].loan_for == "head"
+
+
 def test_the_reserved_job_takes_its_loans_back_after_their_minimum_runtime():
     cfg = config(gpus=4, queues={"a": (1.0, 0, INF)})  # all borrowing: no reclaim
     loan = running(job("loan", gpus=2, save=10.0, restore=10.0), started=0.0, loan_for="head")
