@@ -81,9 +81,9 @@ def evaluate(
     if no_quotas:
         cfg = weights_only(cfg)
     out: dict[str, Any] = {"jobs": len(jobs), "gpus": cfg.cluster.gpus, "policies": {}}
+    options = SimOptions(cycle_interval_s=cycle_interval_s)
     for policy in POLICIES:
         t = time.perf_counter()
-        options = SimOptions(cycle_interval_s=cycle_interval_s)
         result = Simulator(jobs, cfg, POLICIES[policy], options).run()
         out["policies"][policy] = summarize(result)
         out["policies"][policy]["overall"]["wall_s"] = time.perf_counter() - t

@@ -22,9 +22,7 @@ def on(node_gpus, j, **kw):
 def plan(cfg, busy, head, now, *, loans=False):
     st = snapshot(cfg, running_jobs=busy).state
     free = [cfg.cluster.gpus - st.used[0], INF, INF]
-    due = None
-    if loans:
-        due = due_back(cfg, st, head, now)
+    due = due_back(cfg, st, head, now) if loans else None
     return plan_reservation(head, now=now, state=st, free=free, pool=st.pool.copy(), loans_due=due)
 
 
