@@ -9,7 +9,8 @@ reservation's start, or when it fits in what will be left over then beyond what 
 (with nodes: it lands on another node, or on a reserved node's GPUs the head will not need).
 Jobs without an estimate are assumed to run for `default_estimate_s`, as SLURM assumes a
 partition's time limit; a job that overruns its estimate is expected to end now. A job on loan
-to the head frees its GPUs when the head may take it back, not at its expected end. Capacity a
+to the head that the head may take back frees its GPUs when it may (or at its expected end, if
+that comes first), not only at its expected end. Capacity a
 nominated job is waiting for is held by count, not by node: the start stays right, the spare
 on the reserved nodes may be too generous until that job starts.
 """
@@ -82,7 +83,7 @@ def plan_reservation(
 
 
 Release = tuple[float, Sequence[float], Placement, bool]
-"""(expected time, request, placement, sure) of capacity coming back; not sure: the job has
+"""(expected time, request, placement, certain) of capacity coming back; not certain: the job has
 overrun its estimate and is only assumed to end now."""
 
 
@@ -91,7 +92,9 @@ def _releases(
 ) -> Iterator[Release]:
     """The running jobs, this cycle's admissions and the head's loans, earliest first."""
     running = state.running
-    loans = sorted((at, jid) for jid, at in loans_due.items())
+    loans = sorted(
+        (_loan_back(state.expected_end(jid), at, now), jid) for jid, at in loans_due.items()
+    )
     return heapq.merge(
         (
             (end, running[jid].job.request.as_tuple(), running[jid].placement, end > now)
@@ -125,7 +128,8 @@ def _plan_nodes(
 ) -> tuple[float, dict[int, int]]:
     """When and where (by node) the head's GPUs free up, and what is spare on those nodes then.
 
-    Walks the running jobs' expected ends in order, freeing their GPUs node by node, until some
+    Walks the running jobs' expected ends (the head's loans: when they come back) in order,
+    freeing their GPUs node by node, until some
     node has room for a job of up to one node's GPUs, or enough nodes are empty for a larger
     job (plus, best fit, one with room for its remainder). Ties (common: jobs that overran
     their estimate are all "expected to end now") go to the node with the most GPUs that are
@@ -195,6 +199,12 @@ def _plan_nodes(
     if need is None:
         return INFINITY, {}
     return t, {n: max(0, sure[n] - g) for n, g in need.items()}
+
+
+def _loan_back(end: float, due: float, now: float) -> float:
+    """When a loan the head may take back frees its GPUs: at its expected end or when it is due
+    back, whichever comes first; if it has overrun its estimate, when it is due back."""
+    return min(end, due) if end > now else due
 
 
 def may_backfill(

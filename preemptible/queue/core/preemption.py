@@ -194,7 +194,9 @@ def loans_due(
     That is `now`, or the end of the loan's minimum runtime. The reservation counts these GPUs
     as the head's from then on, not from the loans' expected ends: judged by those ends, the
     nodes its loans run on look busy, the plan moves to another node, backfill fills the node
-    it left, and the head waits while the plan flips from node to node.
+    it left, and the head waits while the plan flips from node to node. (A loan that is due may
+    still stay for a cycle: when the head waits for victims already told to go, or the cycle
+    has no victim searches left.)
     """
     if not policy.loan_backfill or job.id not in state.loans:
         return {}

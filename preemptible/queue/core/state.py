@@ -142,6 +142,10 @@ class ClusterState:
         bisect.insort(self.ends, (expected_end, job.id))
         self._end_of[job.id] = expected_end
 
+    def expected_end(self, job_id: str) -> float:
+        """When a running job is expected to release its resources."""
+        return self._end_of[job_id]
+
     def mark_terminating(self, job_id: str, *, expected_end: float) -> None:
         """A preemption notice was sent: still holds resources, no longer a preemption candidate."""
         running = self.running[job_id]

@@ -121,9 +121,11 @@ def test_a_due_loan_breaks_the_tie_between_nodes_that_free_up_at_once():
     [
         ("own queue", True),
         ("borrowing queue", True),
+        ("lower tier", True),
         ("queue within its nominal quota", False),
         ("higher tier", False),
         ("lent to another job", False),
+        ("already told to go", False),
     ],
 )
 def test_loans_due_are_those_the_head_may_take_back(case, counted):
@@ -136,11 +138,54 @@ def test_loans_due_are_those_the_head_may_take_back(case, counted):
         kw["queue"] = "c"
     elif case == "higher tier":
         kw["tier"] = "high"
+    elif case == "lower tier":
+        kw["tier"] = "low"
     elif case == "lent to another job":
         lent_for = "other"
     loan = running(job("loan", gpus=2, **kw), started=0.0, loan_for=lent_for)
     busy = [loan, running(job("b-own", queue="b", gpus=4), started=0.0)]  # b at its quota
     st = snapshot(cfg, running_jobs=busy).state
+    if case == "already told to go":
+        st.mark_terminating("loan", expected_end=60.0)
     due = due_back(cfg, st, job("head", gpus=8), now=1.0)
     back = min_runtime_seconds(10.0, 10.0, cfg.preemption)
     assert due == ({"loan": pytest.approx(back)} if counted else {})
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({}, "after the minimum runtime"),
+        ({"protect_min_runtime": False}, "now"),
+        ({"loan_backfill": False}, "never"),
+    ],
+)
+def test_when_a_loan_is_due_depends_on_the_policy(change, expected):
+    cfg = config(gpus=8, queues={"a": (1.0, 8, INF)})
+    st = snapshot(cfg, running_jobs=[running(job("loan", gpus=2), loan_for="head")]).state
+    policy = dataclasses.replace(POLICIES["preemptible"], **change)
+    due = loans_due(
+        job("head", gpus=8),
+        now=1.0,
+        state=st,
+        alloc=st.alloc,
+        policy=policy,
+        settings=cfg.preemption,
+    )
+    back = min_runtime_seconds(10.0, 10.0, cfg.preemption)
+    want = {"after the minimum runtime": {"loan": back}, "now": {"loan": 1.0}, "never": {}}
+    assert due == pytest.approx(want[expected])
+
+
+def test_a_loan_expected_to_end_before_it_is_due_frees_its_gpus_at_its_end():
+    cfg = config(gpus=8, nodes=2)
+    short = job("short", gpus=4, estimate=50.0, restore=0.0)  # ends long before its min runtime
+    busy = [
+        on([(0, 4)], short, loan_for="head"),
+        on([(1, 4)], job("plain", gpus=4, estimate=9_000.0, restore=0.0)),
+    ]
+    head = job("head", gpus=4)
+    assert min_runtime_seconds(short.save_s, short.restore_s, cfg.preemption) > 50.0
+    for loans in (False, True):
+        res = plan(cfg, busy, head, now=10.0, loans=loans)
+        assert (res.start_at, res.node_spare) == (pytest.approx(50.0), {0: 0})
