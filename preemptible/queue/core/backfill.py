@@ -105,7 +105,9 @@ def _releases(
             (at, running[jid].job.request.as_tuple(), running[jid].placement, True)
             for at, jid in loans
         ),
-        sorted(((end, req, where, True) for end, req, where in also_running), key=lambda e: e[0]),
+        sorted(
+            ((end, req, where, end > now) for end, req, where in also_running), key=lambda e: e[0]
+        ),
         key=lambda e: e[0],
     )
 
