@@ -9,10 +9,9 @@ reservation's start, or when it fits in what will be left over then beyond what 
 (with nodes: it lands on another node, or on a reserved node's GPUs the head will not need).
 Jobs without an estimate are assumed to run for `default_estimate_s`, as SLURM assumes a
 partition's time limit; a job that overruns its estimate is expected to end now. A job on loan
-to the head that the head may take back frees its GPUs when it may (or at its expected end, if
-that comes first), not only at its expected end. Capacity a
-nominated job is waiting for is held by count, not by node: the start stays right, the spare
-on the reserved nodes may be too generous until that job starts.
+to the head that the head may take back frees its GPUs when it may, or at its expected end if
+that comes first. Capacity a nominated job is waiting for is held by count, not by node: the
+start stays right, the spare on the reserved nodes may be too generous until that job starts.
 """
 
 from __future__ import annotations
@@ -131,14 +130,13 @@ def _plan_nodes(
     """When and where (by node) the head's GPUs free up, and what is spare on those nodes then.
 
     Walks the running jobs' expected ends (the head's loans: when they come back) in order,
-    freeing their GPUs node by node, until some
-    node has room for a job of up to one node's GPUs, or enough nodes are empty for a larger
-    job (plus, best fit, one with room for its remainder). Ties (common: jobs that overran
-    their estimate are all "expected to end now") go to the node with the most GPUs that are
-    free now or lent ahead of the head and due back, so the reservation sticks to the node that
-    drains for it. Those overran jobs count for the start, but their GPUs are not spare: nobody
-    knows when they free up, and giving each one away as it frees would hold the head back for
-    ever.
+    freeing their GPUs node by node, until some node has room for a job of up to one node's
+    GPUs, or enough nodes are empty for a larger job (plus, best fit, one with room for its
+    remainder). Ties (common: jobs that overran their estimate are all "expected to end now")
+    go to the node with the most GPUs that are free now or lent ahead of the head and due back
+    now, so the reservation sticks to the node that drains for it. Those overran jobs count for
+    the start, but their GPUs are not spare: nobody knows when they free up, and giving each one
+    away as it frees would hold the head back for ever.
     """
     per = pool.gpus_per_node
     free_now = pool.free
