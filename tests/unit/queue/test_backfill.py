@@ -26,15 +26,9 @@ def plan(cfg, busy, head, now, *, loans=False):
     return plan_reservation(head, now=now, state=st, free=free, pool=st.pool.copy(), loans_due=due)
 
 
-def due_back(cfg, st, head, now):
-    alloc = {name: list(a) for name, a in st.alloc.items()}
+def due_back(cfg, st, head, now, policy=POLICIES["preemptible"]):
     return loans_due(
-        head,
-        now=now,
-        state=st,
-        alloc=alloc,
-        policy=POLICIES["preemptible"],
-        settings=cfg.preemption,
+        head, now=now, state=st, alloc=st.alloc, policy=policy, settings=cfg.preemption
     )
 
 
@@ -117,39 +111,30 @@ def test_a_due_loan_breaks_the_tie_between_nodes_that_free_up_at_once():
 
 
 @pytest.mark.parametrize(
-    ("case", "counted"),
+    ("case", "loan", "counted"),
     [
-        ("own queue", True),
-        ("borrowing queue", True),
-        ("lower tier", True),
-        ("queue within its nominal quota", False),
-        ("higher tier", False),
-        ("lent to another job", False),
-        ("already told to go", False),
+        ("own queue", {}, True),
+        ("borrowing queue", {"queue": "b"}, True),
+        ("lower tier", {"tier": "low"}, True),
+        ("queue within its nominal quota", {"queue": "c"}, False),
+        ("higher tier", {"tier": "high"}, False),
+        ("lent to another job", {"loan_for": "other"}, False),
+        ("already told to go", {"terminating": True}, False),
     ],
 )
-def test_loans_due_are_those_the_head_may_take_back(case, counted):
+def test_loans_due_are_those_the_head_may_take_back(case, loan, counted):
     cfg = config(gpus=16, queues={"a": (1.0, 8, INF), "b": (1.0, 4, INF), "c": (1.0, 4, INF)})
-    kw = {"queue": "a", "tier": "normal"}
-    lent_for = "head"
-    if case == "borrowing queue":
-        kw["queue"] = "b"
-    elif case == "queue within its nominal quota":
-        kw["queue"] = "c"
-    elif case == "higher tier":
-        kw["tier"] = "high"
-    elif case == "lower tier":
-        kw["tier"] = "low"
-    elif case == "lent to another job":
-        lent_for = "other"
-    loan = running(job("loan", gpus=2, **kw), started=0.0, loan_for=lent_for)
-    busy = [loan, running(job("b-own", queue="b", gpus=4), started=0.0)]  # b at its quota
+    lent = job("loan", gpus=2, queue=loan.get("queue", "a"), tier=loan.get("tier", "normal"))
+    busy = [
+        running(lent, started=0.0, loan_for=loan.get("loan_for", "head")),
+        running(job("b-own", queue="b", gpus=4), started=0.0),  # b at its quota
+    ]
     st = snapshot(cfg, running_jobs=busy).state
-    if case == "already told to go":
+    if loan.get("terminating"):
         st.mark_terminating("loan", expected_end=60.0)
     due = due_back(cfg, st, job("head", gpus=8), now=1.0)
     back = min_runtime_seconds(10.0, 10.0, cfg.preemption)
-    assert due == ({"loan": pytest.approx(back)} if counted else {})
+    assert due == ({"loan": pytest.approx(back)} if counted else {}), case
 
 
 @pytest.mark.parametrize(
@@ -164,14 +149,7 @@ def test_when_a_loan_is_due_depends_on_the_policy(change, expected):
     cfg = config(gpus=8, queues={"a": (1.0, 8, INF)})
     st = snapshot(cfg, running_jobs=[running(job("loan", gpus=2), loan_for="head")]).state
     policy = dataclasses.replace(POLICIES["preemptible"], **change)
-    due = loans_due(
-        job("head", gpus=8),
-        now=1.0,
-        state=st,
-        alloc=st.alloc,
-        policy=policy,
-        settings=cfg.preemption,
-    )
+    due = due_back(cfg, st, job("head", gpus=8), now=1.0, policy=policy)
     back = min_runtime_seconds(10.0, 10.0, cfg.preemption)
     want = {"after the minimum runtime": {"loan": back}, "now": {"loan": 1.0}, "never": {}}
     assert due == pytest.approx(want[expected])
