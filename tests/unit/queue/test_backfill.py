@@ -127,14 +127,16 @@ def test_loans_due_are_those_the_head_may_take_back(case, loan, counted):
     lent = job("loan", gpus=2, queue=loan.get("queue", "a"), tier=loan.get("tier", "normal"))
     busy = [
         running(lent, started=0.0, loan_for=loan.get("loan_for", "head")),
+        # Another loan keeps the head among those with loans, so each row tests its own rule.
+        running(job("steady", gpus=1), started=0.0, loan_for="head"),
         running(job("b-own", queue="b", gpus=4), started=0.0),  # b at its quota
     ]
     st = snapshot(cfg, running_jobs=busy).state
     if loan.get("terminating"):
         st.mark_terminating("loan", expected_end=60.0)
     due = due_back(cfg, st, job("head", gpus=8), now=1.0)
-    back = min_runtime_seconds(10.0, 10.0, cfg.preemption)
-    assert due == ({"loan": pytest.approx(back)} if counted else {}), case
+    back = pytest.approx(min_runtime_seconds(10.0, 10.0, cfg.preemption))
+    assert due == ({"loan": back, "steady": back} if counted else {"steady": back}), case
 
 
 @pytest.mark.parametrize(
