@@ -1,7 +1,8 @@
 """Discrete-event simulation in virtual time around the pure scheduling core.
 
-Events are arrivals, natural completions and the exits of preempted jobs. After all events at
-one instant are applied, one cycle of the core runs (at most one per `cycle_interval_s`), and its
+Events are arrivals, natural completions, the exits of preempted jobs and the wake-ups a cycle
+asks for (`CycleResult.wake_at`). After all events at one instant are applied, one cycle of the
+core runs (at most one per `cycle_interval_s`), and its
 decisions are applied exactly as the live service would: admit starts a run, preempt sends a
 notice and the victim leaves after its save (or at once, or when the grace runs out).
 
@@ -194,11 +195,13 @@ class Simulator:
             # A job within its nominal quota may be owed capacity that this very cycle gave to
             # a borrower: run again at once so that it can reclaim (one-grace guarantee).
             for _ in range(3):
-                frag, rerun = self._cycle(now)
+                frag, rerun, wake_at = self._cycle(now)
                 frag_sum += frag
                 if not rerun or not self.state.pending:
                     break
                 cycles += 1
+            if wake_at is not None and (not events or events[0][0] > wake_at):
+                self._push(wake_at, _EXIT, "", -1)  # a job waits to reclaim until then
         if self.progress:
             self.progress(total, total)
         end = max((r.end_s or 0.0) for r in self.records.values()) if self.records else 0.0
@@ -276,7 +279,7 @@ class Simulator:
 
     # --- cycle -------------------------------------------------------------------------------
 
-    def _cycle(self, now: float) -> tuple[float, bool]:
+    def _cycle(self, now: float) -> tuple[float, bool, float | None]:
         self.tracker.advance(now)
         snap = Snapshot(state=self.state, usage=self.tracker.averages())
         result = schedule(snap, now, self.policy, self.config)
@@ -290,7 +293,7 @@ class Simulator:
             self._start(admit.job_id, admit.placement, now, loan_for=admit.loan_for)
         for pre in result.preempt:
             self._preempt(pre.job_id, pre.grace_s, pre.for_job, now)
-        return result.fragmentation, result.rerun
+        return result.fragmentation, result.rerun, result.wake_at
 
     def _start(
         self,

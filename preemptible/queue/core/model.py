@@ -265,6 +265,9 @@ class CycleResult:
     rerun: bool = False
     """A job within nominal quota found no victims although jobs were admitted in this cycle
     (they may be reclaimable once started): the shell should run another cycle right away."""
+    wake_at: float | None = None
+    """The shell should run a cycle by then even if nothing happens: a job that waits before
+    reclaiming (`Policy.patient_reclaim`) reclaims at that time if still blocked."""
 
     def reason_for(self, job_id: str) -> str:
         """Why a job is pending (or what happened to it) after this cycle."""

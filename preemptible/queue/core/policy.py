@@ -84,6 +84,10 @@ class Policy:
     nominal quota of the same tier, or of a lower tier (then in that tier), as kueue orders
     work within nominal quota first. Capacity given to it first would be reclaimed at once,
     for a lost save and restore. A queue's own work does not demote its borrowers."""
+    patient_reclaim: bool = False
+    """A job within nominal quota that could start only by reclaiming first waits for capacity
+    to free on its own, for as long as the one-grace guarantee leaves room (see cycle.py):
+    every reclaim costs a save and a restore, and a job ends somewhere every few minutes."""
 
 
 POLICIES: dict[str, Policy] = {
@@ -112,6 +116,7 @@ POLICIES: dict[str, Policy] = {
         anti_thrashing=True,
         negotiated_grace=True,
         nominal_first=True,
+        patient_reclaim=True,
     ),
 }
 """The built-in policies by name; `preemptible` is ours, the others are baselines."""

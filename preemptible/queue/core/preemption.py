@@ -23,7 +23,7 @@ add victims greedily by cost per GPU, then drop any victim the fit does not need
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -93,7 +93,7 @@ def find_victims(
     policy: Policy,
     settings: PreemptionSettings,
     taken: set[str],
-    budget_used: MutableMapping[str, int],
+    budget_used: Mapping[str, int],
     take_loans: bool = False,
     tier: bool = True,
     cost_cache: dict[str, tuple[tuple, float, float]] | None = None,
@@ -103,7 +103,8 @@ def find_victims(
 
     `cost_cache` and `candidate_cache` belong to one cycle: prices do not depend on the
     preemptor, and the eligible set only on its queue and tier while allocations are unchanged
-    (the caller clears `candidate_cache` when it admits a job). `take_loans`: `job` holds the
+    (the caller clears `candidate_cache` when it admits a job). `budget_used`: preemptions the
+    caller has already decided this cycle, per queue. `take_loans`: `job` holds the
     reservation, so jobs on loan to it are candidates too; `tier=False` leaves tier victims out
     (their search is backed off).
     """
@@ -129,9 +130,7 @@ def find_victims(
         candidates = [c for c in candidate_cache[cache_key] if c[1].job.id not in taken]
         if not candidates:
             return None
-        return _choose(
-            job, candidates, alloc, free, pool, policy, queue, req, budget_used, state.node_jobs
-        )
+        return _choose(job, candidates, alloc, free, pool, policy, queue, req, state.node_jobs)
     candidates: list[tuple[tuple, RunningJob, float, float, bool]] = []
     newest_first = policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST
     # A borrower that takes another queue's borrowed capacity runs on borrowed capacity itself:
@@ -175,9 +174,7 @@ def find_victims(
         candidate_cache[cache_key] = candidates
     if not candidates:
         return None
-    return _choose(
-        job, candidates, alloc, free, pool, policy, queue, req, budget_used, state.node_jobs
-    )
+    return _choose(job, candidates, alloc, free, pool, policy, queue, req, state.node_jobs)
 
 
 def loans_due(
@@ -232,7 +229,7 @@ def _price(rj, now, policy, settings, newest_first) -> tuple[tuple, float, float
     return key, lost, grace
 
 
-def _choose(job, candidates, alloc, free, pool, policy, queue, req, budget_used, node_jobs):
+def _choose(job, candidates, alloc, free, pool, policy, queue, req, node_jobs):
     def quota_ok(freed_own: Sequence[float]) -> bool:
         if not policy.quotas:
             return True
@@ -249,8 +246,6 @@ def _choose(job, candidates, alloc, free, pool, policy, queue, req, budget_used,
     if chosen is None:
         return None
     victims = tuple(Victim(running=c[1], lost_gpu_s=c[2], grace_s=c[3], kind=c[4]) for c in chosen)
-    for v in victims:
-        budget_used[v.running.job.queue] = budget_used.get(v.running.job.queue, 0) + 1
     return VictimPlan(victims=victims, placement=placement)
 
 

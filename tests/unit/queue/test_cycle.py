@@ -452,15 +452,58 @@ def test_equal_tier_is_never_preempted_without_reclaim():
 
 def test_reclaim_takes_back_borrowed_capacity_regardless_of_tier_and_runtime():
     cfg = config(gpus=4, queues={"a": (1.0, 2, INF), "b": (1.0, 2, INF)})
-    borrowers = [running(job(f"a{i}", queue="a", tier="critical"), started=99.0) for i in range(4)]
+    borrowers = [running(job(f"a{i}", queue="a", tier="critical"), started=999.0) for i in range(4)]
     r = schedule(
-        snapshot(cfg, pending=[job("b1", queue="b", tier="low", at=99)], running_jobs=borrowers),
-        100.0,
+        snapshot(cfg, pending=[job("b1", queue="b", tier="low", at=0)], running_jobs=borrowers),
+        1000.0,
         OURS,
         cfg,
     )
     assert len(r.preempt) == 1 and r.preempt[0].reclaim
     assert "b reclaims capacity a borrowed" in r.preempt[0].reason
+
+
+# Borrowers' saves of 10 s and 200 s: graces of 30 s and 310 s, so a job submitted at 0 may
+# wait until 600 - 30 - 60 = 510 s, or 600 - 310 - 60 = 230 s, before it reclaims.
+@pytest.mark.parametrize("save, until", [(10.0, 510.0), (200.0, 230.0)])
+def test_a_job_within_nominal_waits_for_capacity_before_reclaiming_while_the_guarantee_allows(
+    save, until
+):
+    cfg = config(gpus=4, queues={"a": (1.0, 2, INF), "b": (1.0, 2, INF)})
+    borrowers = [running(job(f"a{i}", queue="a", save=save), started=0.0) for i in range(4)]
+    pending = [job("b1", queue="b", at=0.0)]
+
+    def cycle(now, policy=OURS):
+        return schedule(snapshot(cfg, pending=pending, running_jobs=borrowers), now, policy, cfg)
+
+    early = cycle(until - 1)
+    assert early.preempt == () and early.wake_at == until
+    assert early.reason_for("b1").startswith("pending: no free capacity; waits up to 1s")
+    due = cycle(until)
+    assert [p.reclaim for p in due.preempt] == [True] and due.wake_at is None
+    assert len(cycle(1.0, POLICIES["kueue"]).preempt) == 1  # the baseline reclaims at once
+
+
+def test_while_a_reclaim_waits_no_queue_starts_to_borrow_with_a_longer_grace():
+    # b's 4-GPU job waits to reclaim from a (graces of 30 s); two GPUs are free, and c is at its
+    # nominal quota: a c job with a 310 s grace would make c a borrower it could not count on.
+    cfg = config(gpus=8, queues={"a": (1.0, 2, INF), "b": (1.0, 4, INF), "c": (1.0, 2, INF)})
+    busy = [running(job(f"a{i}", queue="a", gpus=2), started=0.0) for i in range(2)]
+    busy += [running(job(f"c{i}", queue="c"), started=0.0) for i in range(2)]
+    pending = [
+        job("b4", queue="b", gpus=4, at=100.0),
+        job("c-long", queue="c", save=200.0, at=0.0),
+        job("c-short", queue="c", at=1.0),
+        job("b-own", queue="b", tier="low", at=0.0),
+    ]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 200.0, OURS, cfg)
+    assert r.preempt == () and r.wake_at == 100.0 + 600 - 30 - 60
+    assert admitted(r) == ["b-own", "c-short"]
+    assert "with a longer grace" in r.reason_for("c-long")
+    # When c's running jobs are the slow savers, any c job would make them victims.
+    slow_c = busy[:2] + [running(job(f"c{i}", queue="c", save=200.0)) for i in range(2)]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=slow_c), 200.0, OURS, cfg)
+    assert admitted(r) == ["b-own"] and "with a longer grace" in r.reason_for("c-long")
 
 
 def test_reclaim_never_touches_work_within_nominal():
@@ -516,6 +559,23 @@ def test_nominated_job_gets_freed_capacity_before_others():
     assert r.reason_for("nominee") == "admitted: capacity freed by preemption"
 
 
+def test_a_nominee_that_would_now_borrow_takes_its_turn_behind_work_within_nominal():
+    # a reclaimed a GPU for "a-nominee" within its quota; since then a's other job took a's
+    # last nominal GPU, so started now it would borrow the GPU b1 is owed, and b1 reclaim it.
+    cfg = config(gpus=3, queues={"a": (1.0, 2, INF), "b": (1.0, 1, INF)})
+    busy = [running(job(f"a{i}", queue="a"), started=0.0) for i in range(2)]
+    pending = [job("a-nominee", queue="a", at=0.0), job("b1", queue="b", at=50.0)]
+    nominated = {"a-nominee": 90.0}
+    r = schedule(
+        snapshot(cfg, pending=pending, running_jobs=busy, nominated=nominated), 100.0, OURS, cfg
+    )
+    assert admitted(r) == ["b1"] and r.preempt == ()
+    alone = snapshot(cfg, pending=pending[:1], running_jobs=busy, nominated=nominated)
+    assert schedule(alone, 100.0, OURS, cfg).reason_for("a-nominee") == (
+        "admitted: capacity freed by preemption"
+    )
+
+
 def test_baselines_use_a_fixed_grace_and_newest_victim():
     cfg = config(gpus=1, queues={"a": (1.0, 1, INF)})
     old = running(job("old", tier="low", save=300.0), started=0.0)
@@ -565,11 +625,11 @@ def test_capacity_already_being_freed_is_used_before_preempting_more():
     cfg = config(gpus=8, queues={"a": (1.0, 0, INF), "b": (1.0, 8, INF)})
     borrowers = [running(job(f"a{i}", queue="a", gpus=2), started=0.0) for i in range(4)]
     pending = [job("b0", queue="b", gpus=1, at=0.0), job("b1", queue="b", gpus=1, tier="low")]
-    r = schedule(snapshot(cfg, pending=pending, running_jobs=borrowers), 100.0, OURS, cfg)
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=borrowers), 1000.0, OURS, cfg)
     assert len(r.preempt) == 1 and r.preempt[0].for_job == "b0"
     assert r.reason_for("b1") == "pending: waiting for capacity that preempted jobs are freeing"
     kueue = schedule(
-        snapshot(cfg, pending=pending, running_jobs=borrowers), 100.0, POLICIES["kueue"], cfg
+        snapshot(cfg, pending=pending, running_jobs=borrowers), 1000.0, POLICIES["kueue"], cfg
     )
     assert len(kueue.preempt) == 2  # the baseline preempts again for the second job
 
