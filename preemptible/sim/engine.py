@@ -2,9 +2,9 @@
 
 Events are arrivals, natural completions, the exits of preempted jobs and the wake-ups a cycle
 asks for (`CycleResult.wake_at`). After all events at one instant are applied, one cycle of the
-core runs (at most one per `cycle_interval_s`), and its
-decisions are applied exactly as the live service would: admit starts a run, preempt sends a
-notice and the victim leaves after its save (or at once, or when the grace runs out).
+core runs (at most one per `cycle_interval_s`), and its decisions are applied exactly as the
+live service would: admit starts a run, preempt sends a notice and the victim leaves after its
+save (or at once, or when the grace runs out).
 
 Preemption is modelled for two kinds of job, so the value of checkpoint-on-notice shows:
 

@@ -5,13 +5,16 @@ Phases, as in kueue's `schedule()`:
 1. Nominated jobs first: a job whose victims were told to go in an earlier cycle gets the
    freed capacity before anyone else, so capacity freed by preemption cannot be taken by a third
    job (the root of preemption loops). While it waits, the free capacity it counted on is held.
+   One that would now borrow, while other queues' work within nominal quota waits, takes its
+   turn in the walk instead (it would be reclaimed at once).
 2. Walk pending jobs in policy order by merging the heads of the pending groups (see
    `state.py`); fair-share keys are refreshed lazily when a queue's allocation changes.
 3. For each job: quota check (within nominal, borrowing, or over the limit); capacity and
    placement check; if it fits, admit it (as backfill when a reservation exists and it does not
    delay it, or on loan when it would but checkpoints on notice: the reserved job may preempt it
    later). If it does not fit, try preemption (reclaim, lower tier, or, for the job the
-   reservation is for, loans); failing that, a strict
+   reservation is for, loans; a first reclaim waits for capacity to free on its own while the
+   one-grace guarantee allows, `_waits_to_reclaim`); failing that, a strict
    policy stops here, a backfilling one reserves capacity for this job and continues with the
    rest, and the others skip the job's group.
 4. Stop early when nothing is free and nothing can be preempted: the rest wait for capacity.
