@@ -58,6 +58,8 @@ from preemptible.queue.core.state import GroupKey, Snapshot
 INF = float("inf")
 _SLURM_AGE_MAX_S = 7 * 86400.0
 _STARVING = -1e15
+_NO_RECLAIMER = max(t.rank for t in Tier) + 1
+"""`reclaimer_rank` of a queue when no other queue has pending work within nominal quota."""
 _EXIT_SLACK_S = 60.0
 """Time for preempted jobs to exit and the next cycle to admit the job they made room for."""
 
@@ -171,13 +173,10 @@ class _Cycle:
             verdict = self._quota(job)
             if verdict is QuotaVerdict.OVER_LIMIT:
                 continue
-            if (
-                verdict is QuotaVerdict.BORROWING
-                and job.tier.rank >= self.reclaimer_rank[job.queue]
-            ):
+            if verdict is QuotaVerdict.BORROWING and self.reclaimer_rank[job.queue] < _NO_RECLAIMER:
                 # Its queue filled its nominal quota meanwhile: started now it would borrow, and
-                # other queues' work within nominal quota would reclaim it at once (and it,
-                # requeued, would reclaim back). It takes its turn in the walk instead.
+                # other queues' pending work within nominal quota would reclaim it at once (and
+                # it, requeued, would reclaim back). It takes its turn in the walk instead.
                 continue
             placement = self._place(job)
             if placement is not None:
@@ -657,15 +656,14 @@ class _Cycle:
 
     def _reclaimer_ranks(self) -> dict[str, int]:
         """Per queue: the lowest tier of pending work within nominal quota in *other* queues
-        (one above the top tier when there is none, so that nobody is demoted)."""
-        none = max(t.rank for t in Tier) + 1
+        (`_NO_RECLAIMER` when there is none, so that nobody is demoted)."""
         p = self.policy
-        ranks = dict.fromkeys(self.st.queues, none)
+        ranks = dict.fromkeys(self.st.queues, _NO_RECLAIMER)
         if not (p.nominal_first and p.quotas and p.reclaim and p.ordering is Ordering.FAIR):
             return ranks
         lowest: dict[str, int] = {}
         for (queue, rank, gpus, cpus, memory), group in self.st.groups.items():
-            if rank >= lowest.get(queue, none) or not group.jobs:
+            if rank >= lowest.get(queue, _NO_RECLAIMER) or not group.jobs:
                 continue
             q = self.st.queues[queue]
             if (
@@ -676,7 +674,7 @@ class _Cycle:
         # The two lowest, from different queues: each queue sees the lowest of the others.
         by_rank = sorted((r, q) for q, r in lowest.items())[:2]
         for name in ranks:
-            ranks[name] = next((r for r, q in by_rank if q != name), none)
+            ranks[name] = next((r for r, q in by_rank if q != name), _NO_RECLAIMER)
         return ranks
 
     def _starving(self, job: Job) -> bool:

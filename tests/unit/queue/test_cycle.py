@@ -559,12 +559,14 @@ def test_nominated_job_gets_freed_capacity_before_others():
     assert r.reason_for("nominee") == "admitted: capacity freed by preemption"
 
 
-def test_a_nominee_that_would_now_borrow_takes_its_turn_behind_work_within_nominal():
+# Of any tier: a low-tier nominee would be reclaimed by the normal-tier job just as well.
+@pytest.mark.parametrize("tier", ["normal", "low"])
+def test_a_nominee_that_would_now_borrow_takes_its_turn_behind_work_within_nominal(tier):
     # a reclaimed a GPU for "a-nominee" within its quota; since then a's other job took a's
     # last nominal GPU, so started now it would borrow the GPU b1 is owed, and b1 reclaim it.
     cfg = config(gpus=3, queues={"a": (1.0, 2, INF), "b": (1.0, 1, INF)})
     busy = [running(job(f"a{i}", queue="a"), started=0.0) for i in range(2)]
-    pending = [job("a-nominee", queue="a", at=0.0), job("b1", queue="b", at=50.0)]
+    pending = [job("a-nominee", queue="a", tier=tier, at=0.0), job("b1", queue="b", at=50.0)]
     nominated = {"a-nominee": 90.0}
     r = schedule(
         snapshot(cfg, pending=pending, running_jobs=busy, nominated=nominated), 100.0, OURS, cfg
