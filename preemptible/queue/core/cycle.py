@@ -117,8 +117,8 @@ class _Cycle:
         self.cost_cache: dict[str, tuple[tuple, float, float]] = {}
         self.rerun = False
         self.wake_at: float | None = None
-        self.reclaim_waiters: set[str] = set()
-        """Queues with a job that waits before reclaiming (`_waits_to_reclaim`)."""
+        self.reclaim_waiters: dict[str, str] = {}
+        """Queue -> its first job that waits before reclaiming (`_waits_to_reclaim`)."""
         self.reclaim_patience: float | None = None
         self.longest_victim_grace = 0.0
         """The longest grace of any job on borrowed capacity, as `_reclaim_patience` counted."""
@@ -545,15 +545,23 @@ class _Cycle:
         capacity, plus `_EXIT_SLACK_S` for the victims to exit and the cycle to see it). Only
         for a first wait (`submitted_at` is kept across requeues) and a plan of reclaims only.
         While it waits no other queue starts to borrow with a longer grace than that
-        (`_blocked_by_waiting_reclaim`), so what it counted on holds.
+        (`_blocked_by_waiting_reclaim`), so what it counted on holds, and no later work of its
+        own queue reclaims ahead of it: that work would take the room within nominal quota it
+        waits for, and it would then take that room back by tier preemption, or borrow.
         """
-        if not self.policy.patient_reclaim or any(v.kind != "reclaim" for v in plan.victims):
+        if not self.policy.patient_reclaim:
+            return False
+        waiter = self.reclaim_waiters.get(job.queue)
+        if waiter is not None and any(v.kind == "reclaim" for v in plan.victims):
+            self.reasons[job.id] = f"pending: {waiter} of {job.queue} waits to reclaim first"
+            return True
+        if any(v.kind != "reclaim" for v in plan.victims):
             return False
         until = job.submitted_at + self._reclaim_patience()
         if self.now >= until:
             return False
         self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
-        self.reclaim_waiters.add(job.queue)
+        self.reclaim_waiters[job.queue] = job.id
         names = ", ".join(v.running.job.id for v in plan.victims)
         self.reasons[job.id] = (
             f"pending: no free capacity; waits up to {until - self.now:.0f}s for some to free "
@@ -583,7 +591,7 @@ class _Cycle:
         grace is at most `longest_victim_grace`: `job` may not make its queue a borrower whose
         jobs (any of which could then be that victim) need longer. Returns None when it may
         start, else whose grace is too long: "queue" (its queue's jobs) or "job" (its own)."""
-        if verdict is not QuotaVerdict.BORROWING or not self.reclaim_waiters - {job.queue}:
+        if verdict is not QuotaVerdict.BORROWING or not self.reclaim_waiters.keys() - {job.queue}:
             return None
         settings = self.config.preemption
         if job.queue not in self.queue_grace:

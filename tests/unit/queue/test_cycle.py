@@ -484,6 +484,25 @@ def test_a_job_within_nominal_waits_for_capacity_before_reclaiming_while_the_gua
     assert len(cycle(1.0, POLICIES["kueue"]).preempt) == 1  # the baseline reclaims at once
 
 
+def test_while_a_reclaim_waits_later_work_of_its_queue_does_not_reclaim_ahead_of_it():
+    # b's new high-tier job waits to reclaim; b's requeued low-tier job, whose own wait is long
+    # over, would otherwise take b's nominal room first, and be tier-preempted for it later.
+    cfg = config(gpus=4, queues={"a": (1.0, 2, INF), "b": (1.0, 2, INF)})
+    borrowers = [running(job(f"a{i}", queue="a", save=10.0), started=0.0) for i in range(4)]
+    pending = [
+        job("b-new", queue="b", tier="high", gpus=2, at=0.0),
+        job("b-old", queue="b", tier="low", gpus=2, at=-5000.0),
+    ]
+
+    def cycle(now):
+        return schedule(snapshot(cfg, pending=pending, running_jobs=borrowers), now, OURS, cfg)
+
+    early = cycle(100.0)
+    assert early.preempt == () and early.wake_at == 510.0
+    assert early.reason_for("b-old") == "pending: b-new of b waits to reclaim first"
+    assert {p.for_job for p in cycle(510.0).preempt} >= {"b-new"}
+
+
 def test_while_a_reclaim_waits_no_queue_starts_to_borrow_with_a_longer_grace():
     # b's 4-GPU job waits to reclaim from a (graces of 30 s); two GPUs are free, and c is at its
     # nominal quota: a c job with a 310 s grace would make c a borrower it could not count on.
