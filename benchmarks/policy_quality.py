@@ -12,13 +12,17 @@ preemptible with checkpoint-aware jobs, and check the goals of issue 4:
 
     .venv/bin/python benchmarks/policy_quality.py [--traces all|synthetic,philly,...]
         [--json out.json] [--markdown out.md] [--plots DIR] [--weights-only]
-        [--cycle-interval SECONDS]
+        [--cycle-interval SECONDS] [--submit-jitter SECONDS [--jitter-seed N]]
 
 `--weights-only` sets every queue's nominal quota to 0 (fair-share weights only, all work
 borrowed), for every policy: it shows what quotas smaller than a queue's largest gang cost.
 `--cycle-interval` (default 10 s of virtual time) changes when cycles run and so, a replay being
 chaotic, which of two close decisions wins: a difference between two versions of a policy that
-survives 7, 10 and 13 s is the rule, not the luck of one run.
+survives 7, 10 and 13 s is the rule, not the luck of one run. Where cycles follow arrivals
+that are already further apart than that (the Chronus traces), the interval changes nothing:
+`--submit-jitter` moves every submission later by a random fraction of the given seconds (the
+same for every policy; `--jitter-seed` picks another draw), which splits batches of jobs
+submitted in the same second and so probes the same question there.
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import time
 from pathlib import Path
 from typing import Any
 
 from preemptible.queue.core import BASELINES, POLICIES, QueueConfig, parse_config_text
 from preemptible.queue.core.model import Limits
-from preemptible.sim import Simulator, summarize
+from preemptible.sim import Simulator, TraceJob, summarize
 from preemptible.sim.engine import SimOptions
 from preemptible.sim.importers import import_trace, suggest_config
 from preemptible.sim.synth import generate, synth_config
@@ -62,6 +67,13 @@ def load(name: str, shared: Path):
     return jobs, suggest_config(jobs)
 
 
+def jittered(jobs: list[TraceJob], seconds: float, seed: int) -> list[TraceJob]:
+    """The same jobs, each submitted up to `seconds` later (uniform, seeded), in submit order."""
+    rng = random.Random(seed)
+    moved = [dataclasses.replace(j, submit_s=j.submit_s + rng.uniform(0, seconds)) for j in jobs]
+    return sorted(moved, key=lambda j: j.submit_s)
+
+
 def weights_only(cfg: QueueConfig) -> QueueConfig:
     """The same configuration with every nominal quota 0: fair-share weights only."""
     queues = tuple(dataclasses.replace(q, nominal=Limits(gpus=0)) for q in cfg.queues)
@@ -75,8 +87,12 @@ def evaluate(
     *,
     no_quotas: bool = False,
     cycle_interval_s: float = DEFAULT_INTERVAL_S,
+    submit_jitter_s: float = 0.0,
+    jitter_seed: int = 1,
 ) -> dict[str, Any]:
     jobs, cfg_text = load(name, shared)
+    if submit_jitter_s:
+        jobs = jittered(jobs, submit_jitter_s, jitter_seed)
     cfg = parse_config_text(cfg_text)
     if no_quotas:
         cfg = weights_only(cfg)
@@ -178,9 +194,22 @@ def main() -> None:
         help="virtual seconds between scheduling cycles (default %(default)g); rerun at other "
         "values to see which differences are more than one run's luck",
     )
+    parser.add_argument(
+        "--submit-jitter",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="submit every job up to this many seconds later (random, the same for every "
+        "policy): another probe of luck, where the cycle interval changes nothing",
+    )
+    parser.add_argument(
+        "--jitter-seed", type=int, default=1, metavar="N", help="which random draw (default 1)"
+    )
     args = parser.parse_args()
     if not args.cycle_interval >= 0:  # also rejects nan
         parser.error(f"--cycle-interval must be 0 or more seconds, not {args.cycle_interval}")
+    if not args.submit_jitter >= 0:
+        parser.error(f"--submit-jitter must be 0 or more seconds, not {args.submit_jitter}")
     names = list(TRACES) if args.traces == "all" else args.traces.split(",")
     unknown = [n for n in names if n not in TRACES]
     if unknown:
@@ -200,6 +229,8 @@ def main() -> None:
             args.plots,
             no_quotas=args.weights_only,
             cycle_interval_s=args.cycle_interval,
+            submit_jitter_s=args.submit_jitter,
+            jitter_seed=args.jitter_seed,
         )
         c = r["checks"]
         print(
