@@ -9,6 +9,7 @@ Bad input (a missing column, an invalid config value) prints one line and exits 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -108,6 +109,7 @@ def sim(
         )
     except (PreemptibleError, OSError, KeyError, ValueError) as exc:
         _fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
+    _print_notes(report["quota_shortfalls"])
     if json_out is not None:
         try:
             json_out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -132,6 +134,7 @@ def run_sim(
     from preemptible.errors import ConfigError
     from preemptible.queue.core import POLICIES, parse_config_text, parse_duration
     from preemptible.sim import SimOptions, Simulator, read_trace, summarize
+    from preemptible.sim.importers import quota_shortfalls
 
     names = list(POLICIES) if policy == "all" else [policy]
     for name in names:
@@ -152,6 +155,9 @@ def run_sim(
         "config": str(config),
         "checkpointing": checkpointing,
         "cycle_interval_s": options.cycle_interval_s,
+        "quota_shortfalls": [
+            {**dataclasses.asdict(f), "note": f.describe()} for f in quota_shortfalls(jobs, cfg)
+        ],
         "policies": {},
     }
     with _progress(quiet) as bar:
@@ -169,6 +175,14 @@ def run_sim(
 
                 write_plots(result, plot)
     return report
+
+
+def _print_notes(shortfalls: list[dict[str, Any]], limit: int = 5) -> None:
+    """Queues with jobs beyond their nominal quota, one line each (on stderr)."""
+    for f in shortfalls[:limit]:
+        typer.echo(f"note: {f['note']}", err=True)
+    if len(shortfalls) > limit:
+        typer.echo(f"note: and {len(shortfalls) - limit} more queue(s) like these", err=True)
 
 
 def _read(path: Path) -> str:
@@ -255,20 +269,24 @@ def import_cmd(
     teams: Annotated[int, typer.Option(help="Synthetic queues for traces without groups.")] = 4,
 ) -> None:
     """Convert a public trace to the canonical CSV (and optionally write a config for it)."""
-    from preemptible.sim.importers import import_trace, suggest_config
+    from preemptible.queue.core import parse_config_text
+    from preemptible.sim.importers import import_trace, quota_shortfalls, suggest_config
     from preemptible.sim.trace import write_trace
 
+    shortfalls: list[dict[str, Any]] = []
     try:
         imported = import_trace(source, teams=teams)
         n = write_trace(out, imported.jobs)
         if config_out is not None:
-            config_out.write_text(
-                suggest_config(imported.jobs, gpus=gpus, gpus_per_node=gpus_per_node or None)
-            )
+            text = suggest_config(imported.jobs, gpus=gpus, gpus_per_node=gpus_per_node or None)
+            config_out.write_text(text)
+            found = quota_shortfalls(imported.jobs, parse_config_text(text))
+            shortfalls = [{"note": f.describe()} for f in found]
     except (PreemptibleError, OSError) as exc:
         _fail(str(exc))
     note = f" ({imported.note})" if imported.note else ""
     typer.echo(f"{source} [{imported.layout}] -> {out}: {n} jobs{note}")
+    _print_notes(shortfalls)
 
 
 @app.command("synth")

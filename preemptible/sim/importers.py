@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from preemptible.errors import TraceFormatError
+from preemptible.queue.core import QueueConfig
 from preemptible.sim.trace import REQUIRED, TraceJob, read_trace
 
 TEAM_NAMES = tuple(f"team-{c}" for c in "abcdefghij")
@@ -205,3 +206,49 @@ def suggest_config(
             "",
         ]
     return "\n".join(lines)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QuotaShortfall:
+    """A queue whose trace holds jobs larger than its nominal quota."""
+
+    queue: str
+    nominal_gpus: float
+    jobs: int
+    """How many of its jobs ask for more GPUs than `nominal_gpus`."""
+    largest_gpus: int
+
+    def describe(self) -> str:
+        """One line for a person: what it means and what to do."""
+        jobs = "1 job" if self.jobs == 1 else f"{self.jobs} jobs"
+        return (
+            f"{self.queue} has {jobs} of up to {self.largest_gpus} GPUs, above its nominal quota "
+            f"of {self.nominal_gpus:g}: they can run only on borrowed (reclaimable) capacity and "
+            f"may wait for weeks on a busy cluster; a nominal quota of {self.largest_gpus} or "
+            "more lets them run within it"
+        )
+
+
+def quota_shortfalls(jobs: Sequence[TraceJob], config: QueueConfig) -> list[QuotaShortfall]:
+    """Queues with jobs that cannot run within their nominal quota, largest job first.
+
+    Such a job is a borrower whatever its queue's usage: under the one-grace guarantee any
+    other queue's work within nominal quota goes before it and may reclaim it, so on a
+    saturated cluster it waits until most other queues leave their quota idle (the longest
+    waits of `docs/policy-evaluation.md`, "Quotas against big gangs"). A configuration in which
+    no queue has a nominal quota (weights only) guarantees nothing to anyone and reports none.
+    """
+    nominal = {q.name: q.nominal.gpus for q in config.queues}
+    if not any(n > 0 for n in nominal.values()):
+        return []
+    count: dict[str, int] = defaultdict(int)
+    largest: dict[str, int] = defaultdict(int)
+    for j in jobs:
+        if j.queue in nominal and j.gpus > nominal[j.queue]:
+            count[j.queue] += 1
+            largest[j.queue] = max(largest[j.queue], j.gpus)
+    found = [
+        QuotaShortfall(queue=q, nominal_gpus=nominal[q], jobs=n, largest_gpus=largest[q])
+        for q, n in count.items()
+    ]
+    return sorted(found, key=lambda f: (-f.largest_gpus, f.queue))

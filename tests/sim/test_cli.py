@@ -101,3 +101,19 @@ def test_import_and_synth_subcommands(tmp_path):
         "--trace", str(tmp_path / "c.csv"), "--config", str(cfg), "--policy", "preemptible"
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_sim_notes_jobs_larger_than_their_queue_nominal_quota(tmp_path, small_trace, small_config):
+    # team-a submits 8-GPU jobs; with a nominal quota of 4 they can only ever borrow.
+    cfg = tmp_path / "q.toml"
+    cfg.write_text(small_config.read_text().replace("gpus = 9", "gpus = 4"))
+    out = tmp_path / "m.json"
+    args = ["--trace", str(small_trace), "--config", str(cfg), "--policy", "fifo"]
+    proc = run_cli(*args, "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (note,) = proc.stderr.strip().splitlines()
+    assert note.startswith("note: team-a has 17 jobs of up to 8 GPUs, above its nominal quota of 4")
+    (found,) = json.loads(out.read_text())["quota_shortfalls"]
+    assert (found["queue"], found["jobs"], found["largest_gpus"]) == ("team-a", 17, 8)
+    proc = run_cli("--trace", str(small_trace), "--config", str(small_config), "--policy", "fifo")
+    assert proc.returncode == 0 and "note:" not in proc.stderr

@@ -6,7 +6,12 @@ import pytest
 from preemptible.errors import TraceFormatError
 from preemptible.queue.core import POLICIES, parse_config_text
 from preemptible.sim import SimOptions, Simulator, TraceJob, read_trace, summarize, write_trace
-from preemptible.sim.importers import import_trace, offered_gpus, suggest_config
+from preemptible.sim.importers import (
+    import_trace,
+    offered_gpus,
+    quota_shortfalls,
+    suggest_config,
+)
 from preemptible.sim.synth import generate
 
 DATA = Path(__file__).parent / "data"
@@ -163,6 +168,28 @@ def test_importer_converts_a_public_trace_and_sizes_a_cluster():
     assert cfg.cluster.gpus >= offered_gpus(imported.jobs)
     result = Simulator(imported.jobs, cfg, POLICIES["preemptible"]).run()
     assert summarize(result)["overall"]["jobs"] == 60
+
+
+def _two_queues(nominal_a: int, nominal_b: int):
+    return parse_config_text(
+        "[cluster]\ngpus = 16\n"
+        f"[[queues]]\nname = 'a'\nweight = 1\nnominal = {{ gpus = {nominal_a} }}\n"
+        f"[[queues]]\nname = 'b'\nweight = 1\nnominal = {{ gpus = {nominal_b} }}\n"
+    )
+
+
+def test_quota_shortfalls_name_queues_whose_jobs_exceed_their_nominal_quota():
+    jobs = [
+        TraceJob(job_id=str(i), submit_s=0, duration_s=60, gpus=g, queue=q)
+        for i, (g, q) in enumerate([(8, "a"), (6, "a"), (4, "a"), (12, "b"), (1, "b")])
+    ]
+    (found,) = quota_shortfalls(jobs, _two_queues(4, 12))
+    assert (found.queue, found.jobs, found.largest_gpus, found.nominal_gpus) == ("a", 2, 8, 4)
+    assert "a has 2 jobs of up to 8 GPUs" in found.describe()
+    assert "a nominal quota of 8 or more" in found.describe()
+    # Weights only: nothing is guaranteed to anyone, so nothing falls short.
+    assert quota_shortfalls(jobs, _two_queues(0, 0)) == []
+    assert [f.queue for f in quota_shortfalls(jobs, _two_queues(0, 16))] == ["a"]
 
 
 def test_chronus_layout_maps_minutes_queues_and_tiers(tmp_path):

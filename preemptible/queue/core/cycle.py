@@ -403,7 +403,13 @@ class _Cycle:
     def _blocked_reason(self, job: Job, verdict: QuotaVerdict) -> str:
         g = job.request.gpus
         free = max(0, int(self.free[0]))
-        if verdict is QuotaVerdict.BORROWING:
+        nominal = self.st.queues[job.queue].nominal.gpus
+        if verdict is QuotaVerdict.BORROWING and g > nominal:
+            head = (
+                f"pending: larger than {job.queue}'s nominal quota ({nominal:g} GPUs), so it can "
+                "run only on borrowed capacity, and too little is idle"
+            )
+        elif verdict is QuotaVerdict.BORROWING:
             head = f"pending: {job.queue} over quota and no idle capacity to borrow"
         else:
             head = "pending: no free capacity"

@@ -65,6 +65,17 @@ def test_over_quota_and_no_idle_capacity_says_so():
     assert r.reason_for("a2").startswith("pending: a over quota and no idle capacity to borrow")
 
 
+def test_a_job_larger_than_its_nominal_quota_says_it_can_only_borrow():
+    cfg = config()
+    busy = [running(job("b1", queue="b", gpus=4), started=0.0)]
+    r = schedule(snapshot(cfg, pending=[job("a6", gpus=6)], running_jobs=busy), 10.0, OURS, cfg)
+    assert admitted(r) == []
+    assert r.reason_for("a6").startswith(
+        "pending: larger than a's nominal quota (4 GPUs), so it can run only on borrowed "
+        "capacity, and too little is idle (needs 6 GPUs, 4 free)"
+    )
+
+
 def test_borrowing_limit_blocks_with_a_reason():
     cfg = config(queues={"a": (1.0, 2, 2), "b": (1.0, 2, INF)})
     r = schedule(snapshot(cfg, pending=[job("a1", gpus=5)]), 0.0, OURS, cfg)
