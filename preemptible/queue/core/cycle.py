@@ -14,7 +14,7 @@ Phases, as in kueue's `schedule()`:
    delay it, or on loan when it would but checkpoints on notice: the reserved job may preempt it
    later). If it does not fit, try preemption (reclaim, lower tier, or, for the job the
    reservation is for, loans; a first reclaim waits for capacity to free on its own while the
-   one-grace guarantee allows, `_waits_to_reclaim`); failing that, a strict
+   one-grace guarantee allows, `patience.py`); failing that, a strict
    policy stops here, a backfilling one reserves capacity for this job and continues with the
    rest, and the others skip the job's group.
 4. Stop early when nothing is free and nothing can be preempted: the rest wait for capacity.
@@ -49,9 +49,10 @@ from preemptible.queue.core.backfill import (
 from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.core.fair_share import dominant_share, fair_share_value, weight_fractions
 from preemptible.queue.core.model import Admit, CycleResult, Job, Preempt, Reserve, Tier
+from preemptible.queue.core.patience import BORROWER_BLOCKED, ReclaimPatience
 from preemptible.queue.core.placement import Placement
 from preemptible.queue.core.policy import Ordering, Policy
-from preemptible.queue.core.preemption import VictimPlan, find_victims, loans_due, victim_grace_s
+from preemptible.queue.core.preemption import find_victims, loans_due, victim_grace_s
 from preemptible.queue.core.quota import QuotaVerdict, check_quota, describe_limit, is_borrowing
 from preemptible.queue.core.state import GroupKey, Snapshot
 
@@ -60,8 +61,6 @@ _SLURM_AGE_MAX_S = 7 * 86400.0
 _STARVING = -1e15
 _NO_RECLAIMER = max(t.rank for t in Tier) + 1
 """`reclaimer_rank` of a queue when no other queue has pending work within nominal quota."""
-_EXIT_SLACK_S = 60.0
-"""Time for preempted jobs to exit and the next cycle to admit the job they made room for."""
 
 
 def schedule(snapshot: Snapshot, now: float, policy: Policy, config: QueueConfig) -> CycleResult:
@@ -116,16 +115,13 @@ class _Cycle:
         self.failed: list[tuple[str, int, int]] = []
         self.cost_cache: dict[str, tuple[tuple, float, float]] = {}
         self.rerun = False
-        self.wake_at: float | None = None
-        self.reclaim_waiters: dict[str, str] = {}
-        """Queue -> its first job that waits before reclaiming (`_waits_to_reclaim`)."""
-        self.reclaim_patience: float | None = None
-        self.longest_victim_grace = 0.0
-        """The longest grace of any job on borrowed capacity, as `_reclaim_patience` counted."""
-        self.queue_grace: dict[str, float] = {}
-        """Per queue, the longest grace of its running jobs (filled when first needed)."""
-        self.admitted_grace: dict[str, float] = {}
-        """Per queue, the longest grace of this cycle's admissions (with patient reclaim)."""
+        self.patience = (
+            ReclaimPatience(
+                state=st, alloc=self.alloc, policy=policy, settings=config.preemption, now=now
+            )
+            if policy.patient_reclaim
+            else None
+        )
         window = config.preemption.nomination_window_s
         claimed = sum(
             st.pending[j].request.gpus
@@ -157,7 +153,7 @@ class _Cycle:
             examined=self.examined,
             failed_preemptions=tuple(self.failed),
             rerun=self.rerun and bool(self.admits),
-            wake_at=self.wake_at,
+            wake_at=self.patience.wake_at if self.patience is not None else None,
         )
 
     def _nominated_first(self) -> None:
@@ -240,7 +236,11 @@ class _Cycle:
             )
             return "stop" if self.policy.head_of_line else "skip"
         placement = self._place(job)
-        if placement is not None and (blocked := self._blocked_by_waiting_reclaim(job, verdict)):
+        blocked = None
+        if placement is not None and self.patience is not None:
+            blocked = self.patience.blocks_borrower(job, verdict)
+        if blocked is not None:
+            self.reasons[job.id] = BORROWER_BLOCKED
             if blocked == "queue":
                 return "skip"  # its queue's jobs are too slow to save: the whole group waits
             depth[gkey] = depth.get(gkey, 0) + 1  # its own save: the next one may be quicker
@@ -365,9 +365,8 @@ class _Cycle:
         self.fs_cache.pop(job.queue, None)
         self.candidate_cache.clear()
         self.started.add(job.id)
-        if self.policy.patient_reclaim:
-            grace = victim_grace_s(job, self.policy, self.config.preemption)
-            self.admitted_grace[job.queue] = max(self.admitted_grace.get(job.queue, 0.0), grace)
+        if self.patience is not None:
+            self.patience.note_admitted(job)
         end = self.now + job.expected_runtime_s(self.config.policy.default_estimate_s)
         self.started_ends.append((end, req, placement))
         self.reasons.pop(job.id, None)
@@ -495,7 +494,8 @@ class _Cycle:
             elif not loans_only:
                 self.failed.append(key)
             return False
-        if self._waits_to_reclaim(job, plan):
+        if self.patience is not None and (why := self.patience.waits(job, plan)):
+            self.reasons[job.id] = why  # patient reclaim (`patience.py`)
             return True
         names = []
         for v in plan.victims:
@@ -544,82 +544,6 @@ class _Cycle:
             f"pending: preempting {', '.join(names)} to make room; starts when they exit"
         )
         return True
-
-    def _waits_to_reclaim(self, job: Job, plan: VictimPlan) -> bool:
-        """Whether `job` waits for capacity to free on its own instead of reclaiming now.
-
-        Every reclaim costs its victims a save and a restore, and on a busy cluster some job
-        ends every few minutes. The one-grace guarantee leaves room to wait for that: `job`
-        waits while reclaiming later would still start it within `grace_max` of its
-        submission, whatever borrower it then takes (the longest grace of any job on borrowed
-        capacity, plus `_EXIT_SLACK_S` for the victims to exit and the cycle to see it). Only
-        for a first wait (`submitted_at` is kept across requeues) and a plan of reclaims only.
-        While it waits no other queue starts to borrow with a longer grace than that
-        (`_blocked_by_waiting_reclaim`), so what it counted on holds, and no later work of its
-        own queue reclaims ahead of it: that work would take the room within nominal quota it
-        waits for, and it would then take that room back by tier preemption, or borrow.
-        """
-        if not self.policy.patient_reclaim:
-            return False
-        waiter = self.reclaim_waiters.get(job.queue)
-        if waiter is not None and any(v.kind == "reclaim" for v in plan.victims):
-            self.reasons[job.id] = f"pending: {waiter} of {job.queue} waits to reclaim first"
-            return True
-        if any(v.kind != "reclaim" for v in plan.victims):
-            return False
-        until = job.submitted_at + self._reclaim_patience()
-        if self.now >= until:
-            return False
-        self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
-        self.reclaim_waiters[job.queue] = job.id
-        names = ", ".join(v.running.job.id for v in plan.victims)
-        self.reasons[job.id] = (
-            f"pending: no free capacity; waits up to {until - self.now:.0f}s for some to free "
-            f"before reclaiming what {names} borrowed"
-        )
-        return True
-
-    def _reclaim_patience(self) -> float:
-        """How long after its submission a job within nominal quota may wait before reclaiming."""
-        if self.reclaim_patience is None:
-            settings = self.config.preemption
-            longest = max(
-                (
-                    victim_grace_s(rj.job, self.policy, settings)
-                    for name, running in self.st.running_by_queue.items()
-                    if is_borrowing(self.st.queues[name], self.alloc[name])
-                    for rj in running.values()
-                ),
-                default=settings.grace_max_s,
-            )
-            self.longest_victim_grace = longest
-            self.reclaim_patience = settings.grace_max_s - longest - _EXIT_SLACK_S
-        return self.reclaim_patience
-
-    def _blocked_by_waiting_reclaim(self, job: Job, verdict: QuotaVerdict) -> str | None:
-        """A job of another queue waits to reclaim borrowed capacity, counting on victims whose
-        grace is at most `longest_victim_grace`: `job` may not make its queue a borrower whose
-        jobs (any of which could then be that victim) need longer. Returns None when it may
-        start, else whose grace is too long: "queue" (its queue's jobs) or "job" (its own)."""
-        if verdict is not QuotaVerdict.BORROWING or not self.reclaim_waiters.keys() - {job.queue}:
-            return None
-        settings = self.config.preemption
-        if job.queue not in self.queue_grace:
-            running = self.st.running_by_queue.get(job.queue, {}).values()
-            graces = (victim_grace_s(rj.job, self.policy, settings) for rj in running)
-            self.queue_grace[job.queue] = max(graces, default=0.0)
-        queue_grace = max(self.queue_grace[job.queue], self.admitted_grace.get(job.queue, 0.0))
-        if queue_grace > self.longest_victim_grace:
-            blocked = "queue"
-        elif victim_grace_s(job, self.policy, settings) > self.longest_victim_grace:
-            blocked = "job"
-        else:
-            return None
-        self.reasons[job.id] = (
-            "pending: would borrow with a longer grace than work within nominal quota of another "
-            "queue, which waits to reclaim borrowed capacity, can allow for"
-        )
-        return blocked
 
     def _preemption_possible(self) -> bool:
         if self.plans_left <= 0:
