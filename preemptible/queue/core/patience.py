@@ -56,7 +56,7 @@ class ReclaimPatience:
         """The cycle should run again by then: the earliest end of a wait."""
         self.waiters: dict[str, str] = {}
         """Queue -> its first job that waits before reclaiming."""
-        self.patience: float | None = None
+        self._patience_s: float | None = None
         self.longest_victim_grace = 0.0
         """The longest grace of any job on borrowed capacity, as `patience_s` counted."""
         self.queue_grace: dict[str, float] = {}
@@ -84,7 +84,7 @@ class ReclaimPatience:
 
     def patience_s(self) -> float:
         """How long after its submission a job within nominal quota may wait before reclaiming."""
-        if self.patience is None:
+        if self._patience_s is None:
             settings = self.settings
             longest = max(
                 (
@@ -96,8 +96,8 @@ class ReclaimPatience:
                 default=settings.grace_max_s,
             )
             self.longest_victim_grace = longest
-            self.patience = settings.grace_max_s - longest - EXIT_SLACK_S
-        return self.patience
+            self._patience_s = settings.grace_max_s - longest - EXIT_SLACK_S
+        return self._patience_s
 
     def note_admitted(self, job: Job) -> None:
         """`job` starts in this cycle: its queue's jobs may now be victims with its grace."""
