@@ -404,13 +404,9 @@ class _Cycle:
         free = max(0, int(self.free[0]))
         nominal = self.st.queues[job.queue].nominal.gpus
         if verdict is QuotaVerdict.BORROWING and g > nominal:
-            size = (
-                f"{job.queue} has no nominal quota"
-                if nominal <= 0
-                else f"larger than {job.queue}'s nominal quota ({nominal:g} GPUs)"
-            )
             head = (
-                f"pending: {size}, so it can run only on borrowed capacity, and too little is idle"
+                f"pending: larger than {job.queue}'s nominal quota ({nominal:g} GPUs), so it can "
+                "run only on borrowed capacity, and too little is idle"
             )
         elif verdict is QuotaVerdict.BORROWING:
             head = f"pending: {job.queue} over quota and no idle capacity to borrow"

@@ -86,7 +86,7 @@ class Policy:
     for a lost save and restore. A queue's own work does not demote its borrowers."""
     patient_reclaim: bool = False
     """A job within nominal quota that could start only by reclaiming first waits for capacity
-    to free on its own, for as long as the one-grace guarantee leaves room (see cycle.py):
+    to free on its own, for as long as the one-grace guarantee leaves room (patience.py):
     every reclaim costs a save and a restore, and a job ends somewhere every few minutes."""
 
 

@@ -76,7 +76,7 @@ def test_a_job_larger_than_its_nominal_quota_says_it_can_only_borrow():
     )
     cfg = config(queues={"a": (1.0, 0, INF), "b": (1.0, 8, INF)})
     r = schedule(snapshot(cfg, pending=[job("a6", gpus=6)], running_jobs=busy), 10.0, OURS, cfg)
-    assert r.reason_for("a6").startswith("pending: a has no nominal quota, so it can run only on")
+    assert r.reason_for("a6").startswith("pending: larger than a's nominal quota (0 GPUs), so it")
 
 
 def test_borrowing_limit_blocks_with_a_reason():
