@@ -109,7 +109,7 @@ def sim(
         )
     except (PreemptibleError, OSError, KeyError, ValueError) as exc:
         _fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
-    _print_notes(report["quota_shortfalls"])
+    _print_notes([f["note"] for f in report["quota_shortfalls"]])
     if json_out is not None:
         try:
             json_out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -177,12 +177,12 @@ def run_sim(
     return report
 
 
-def _print_notes(shortfalls: list[dict[str, Any]], limit: int = 5) -> None:
+def _print_notes(notes: list[str], limit: int = 5) -> None:
     """Queues with jobs beyond their nominal quota, one line each (on stderr)."""
-    for f in shortfalls[:limit]:
-        typer.echo(f"note: {f['note']}", err=True)
-    if len(shortfalls) > limit:
-        typer.echo(f"note: and {len(shortfalls) - limit} more queue(s) like these", err=True)
+    for note in notes[:limit]:
+        typer.echo(f"note: {note}", err=True)
+    if len(notes) > limit:
+        typer.echo(f"note: and {len(notes) - limit} more queue(s) like these", err=True)
 
 
 def _read(path: Path) -> str:
@@ -273,20 +273,19 @@ def import_cmd(
     from preemptible.sim.importers import import_trace, quota_shortfalls, suggest_config
     from preemptible.sim.trace import write_trace
 
-    shortfalls: list[dict[str, Any]] = []
+    notes: list[str] = []
     try:
         imported = import_trace(source, teams=teams)
         n = write_trace(out, imported.jobs)
         if config_out is not None:
             text = suggest_config(imported.jobs, gpus=gpus, gpus_per_node=gpus_per_node or None)
             config_out.write_text(text)
-            found = quota_shortfalls(imported.jobs, parse_config_text(text))
-            shortfalls = [{"note": f.describe()} for f in found]
+            notes = [f.describe() for f in quota_shortfalls(imported.jobs, parse_config_text(text))]
     except (PreemptibleError, OSError) as exc:
         _fail(str(exc))
     note = f" ({imported.note})" if imported.note else ""
     typer.echo(f"{source} [{imported.layout}] -> {out}: {n} jobs{note}")
-    _print_notes(shortfalls)
+    _print_notes(notes)
 
 
 @app.command("synth")
