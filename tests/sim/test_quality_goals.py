@@ -1,0 +1,88 @@
+"""How benchmarks/policy_quality.py judges a policy against the goals of issue 4."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "policy_quality.py"
+
+
+@pytest.fixture(scope="module")
+def quality():
+    spec = importlib.util.spec_from_file_location("policy_quality", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def summary(p95_by_queue: dict[str, float], least_served_max_s: float) -> dict:
+    """The parts of a `summarize()` result that the checks read."""
+    return {
+        "overall": {
+            "demand_ratio": 1.2,
+            "goodput_while_arriving": 0.95,
+            "lost_share_of_delivered": 0.001,
+            "max_wait_least_served_s": least_served_max_s,
+            "utilization": 0.9,
+        },
+        "queues": {q: {"p95_wait_s": s} for q, s in p95_by_queue.items()},
+    }
+
+
+def test_p95_is_judged_per_queue_against_the_best_other_policy(quality):
+    policies = {
+        "a": summary({"x": 1000, "y": 1000}, 500),
+        "b": summary({"x": 500, "y": 4000}, 900),
+        "c": summary({"x": 4000, "y": 800}, 900),
+    }
+    c = quality.checks(policies, judged="a")
+    # x: 1000 against b's 500; y: 1000 against c's 800. The worst is x at 2x.
+    assert c["worst_queue"] == "x"
+    assert c["worst_p95_ratio"] == pytest.approx(2.0)
+    assert not c["p95_ok"]
+    assert c["least_served_ok"]  # 500 s against 900 s
+    assert c["least_served_ratio"] == pytest.approx(500 / 900)
+
+
+def test_waits_under_a_minute_count_as_a_minute(quality):
+    policies = {"a": summary({"x": 50}, 100), "b": summary({"x": 5}, 100)}
+    c = quality.checks(policies, judged="a")
+    assert c["worst_p95_ratio"] == pytest.approx(1.0)
+    assert c["p95_ok"]
+
+
+def test_an_equal_max_wait_is_not_lower(quality):
+    policies = {"a": summary({"x": 60}, 100), "b": summary({"x": 60}, 100)}
+    assert not quality.checks(policies, judged="a")["least_served_ok"]
+    assert not quality.checks(policies, judged="b")["least_served_ok"]
+
+
+def test_peer_counts_judges_every_policy_against_the_others(quality):
+    trace_1 = {
+        "policies": {
+            "a": summary({"x": 100}, 500),  # best p95 and best max wait: both goals
+            "b": summary({"x": 400}, 900),
+        }
+    }
+    trace_2 = {
+        "policies": {
+            "a": summary({"x": 400}, 900),  # worse p95, lower max wait: one goal
+            "b": summary({"x": 100}, 950),  # best p95, higher max wait: the other goal
+        }
+    }
+    counts = quality.peer_counts({"t1": trace_1, "t2": trace_2})
+    assert counts == {
+        "a": {"p95_ok": 1, "least_served_ok": 2, "both": 1},
+        "b": {"p95_ok": 1, "least_served_ok": 0, "both": 0},
+    }
+
+
+def test_checks_on_a_real_replay_judge_ours_by_default(quality, small_report):
+    policies = small_report["policies"]
+    assert quality.checks(policies) == quality.checks(policies, judged="preemptible")
+    counts = quality.peer_counts({"small": {"policies": policies}})
+    assert set(counts) == set(policies)
+    for policy, n in counts.items():
+        c = quality.checks(policies, judged=policy)
+        assert n["both"] == (c["p95_ok"] and c["least_served_ok"])
