@@ -138,17 +138,39 @@ def checks(policies: dict[str, Any], judged: str = "preemptible") -> dict[str, A
     }
 
 
+def dominated_by(policies: dict[str, Any], judged: str) -> list[str]:
+    """The policies at least as good as `judged` on both overall p95 wait and the least-served
+    queue's max wait, and better on one (waits under 60 s count as 60 s)."""
+
+    def point(policy: str) -> tuple[float, float]:
+        o = policies[policy]["overall"]
+        return max(o["p95_wait_s"], FLOOR_S), max(o["max_wait_least_served_s"], FLOOR_S)
+
+    mine = point(judged)
+    return [
+        p
+        for p in policies
+        if p != judged
+        and point(p) != mine
+        and all(theirs <= ours for theirs, ours in zip(point(p), mine, strict=True))
+    ]
+
+
 def peer_counts(results: dict[str, Any]) -> dict[str, dict[str, int]]:
     """For every policy, on how many traces it would meet the two wait goals if it were the one
-    judged against the other four: a yardstick for how much the goals ask of any policy."""
+    judged against the other four, and on how many no other policy beats it on both waits: a
+    yardstick for how much the goals ask of any policy."""
     counts: dict[str, dict[str, int]] = {}
     for r in results.values():
         for policy in r["policies"]:
             c = checks(r["policies"], judged=policy)
-            n = counts.setdefault(policy, {"p95_ok": 0, "least_served_ok": 0, "both": 0})
+            n = counts.setdefault(
+                policy, {"p95_ok": 0, "least_served_ok": 0, "both": 0, "undominated": 0}
+            )
             n["p95_ok"] += c["p95_ok"]
             n["least_served_ok"] += c["least_served_ok"]
             n["both"] += c["p95_ok"] and c["least_served_ok"]
+            n["undominated"] += not dominated_by(r["policies"], policy)
     return counts
 
 
@@ -178,11 +200,14 @@ def markdown(results: dict[str, Any]) -> str:
         f"Each policy judged by the same wait goals against the other four, on {len(results)} "
         "traces:",
         "",
-        "| policy | p95 goal met | max-wait goal met | both met |",
-        "| --- | ---: | ---: | ---: |",
+        "| policy | p95 goal met | max-wait goal met | both met | no other better on both waits |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
     for policy, n in peer_counts(results).items():
-        lines.append(f"| {policy} | {n['p95_ok']} | {n['least_served_ok']} | {n['both']} |")
+        lines.append(
+            f"| {policy} | {n['p95_ok']} | {n['least_served_ok']} | {n['both']} "
+            f"| {n['undominated']} |"
+        )
     lines += [
         "",
         "| trace | policy | util | goodput | p95 wait | max wait (least served) | mean JCT "
@@ -274,9 +299,12 @@ def main() -> None:
         for k in ("goodput_ok", "lost_ok", "p95_ok", "least_served_ok")
     }
     print(f"goals met on {len(results)} traces: " + ", ".join(f"{k} {v}" for k, v in met.items()))
-    print("each policy judged against the other four (p95, max wait, both):")
+    print("each policy against the other four: goals met (p95, max wait, both), undominated")
     for policy, n in peer_counts(results).items():
-        print(f"  {policy:<12} {n['p95_ok']:>3} {n['least_served_ok']:>3} {n['both']:>3}")
+        print(
+            f"  {policy:<12} {n['p95_ok']:>3} {n['least_served_ok']:>3} {n['both']:>3}"
+            f" {n['undominated']:>5}"
+        )
 
 
 if __name__ == "__main__":

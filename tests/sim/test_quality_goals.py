@@ -23,6 +23,7 @@ def summary(p95_by_queue: dict[str, float], least_served_max_s: float) -> dict:
             "demand_ratio": 1.2,
             "goodput_while_arriving": 0.95,
             "lost_share_of_delivered": 0.001,
+            "p95_wait_s": max(p95_by_queue.values()),  # a stand-in for the overall p95
             "max_wait_least_served_s": least_served_max_s,
             "utilization": 0.9,
         },
@@ -73,9 +74,23 @@ def test_peer_counts_judges_every_policy_against_the_others(quality):
     }
     counts = quality.peer_counts({"t1": trace_1, "t2": trace_2})
     assert counts == {
-        "a": {"p95_ok": 1, "least_served_ok": 2, "both": 1},
-        "b": {"p95_ok": 1, "least_served_ok": 0, "both": 0},
+        "a": {"p95_ok": 1, "least_served_ok": 2, "both": 1, "undominated": 2},
+        "b": {"p95_ok": 1, "least_served_ok": 0, "both": 0, "undominated": 1},
     }
+
+
+def test_a_policy_is_dominated_only_by_one_better_on_both_waits(quality):
+    policies = {
+        "a": summary({"x": 1000}, 5000),
+        "b": summary({"x": 800}, 5000),  # better p95, same max wait: dominates a
+        "c": summary({"x": 500}, 9000),  # better p95, worse max wait: dominates nobody
+        "d": summary({"x": 30}, 40),  # both under a minute: the same point as e
+        "e": summary({"x": 50}, 59),
+    }
+    assert quality.dominated_by(policies, "a") == ["b", "d", "e"]
+    assert quality.dominated_by(policies, "c") == ["d", "e"]
+    assert quality.dominated_by(policies, "d") == []
+    assert quality.dominated_by(policies, "e") == []
 
 
 def test_checks_on_a_real_replay_judge_ours_by_default(quality, small_report):
@@ -86,3 +101,4 @@ def test_checks_on_a_real_replay_judge_ours_by_default(quality, small_report):
     for policy, n in counts.items():
         c = quality.checks(policies, judged=policy)
         assert n["both"] == (c["p95_ok"] and c["least_served_ok"])
+        assert n["undominated"] == (not quality.dominated_by(policies, policy))
