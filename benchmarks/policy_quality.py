@@ -10,6 +10,10 @@ preemptible with checkpoint-aware jobs, and check the goals of issue 4:
   (waits under 60 s count as 60 s, so that a few seconds against zero is not a failure);
 - the least-served queue's max wait lower than every baseline's.
 
+It then judges every policy, baselines included, by the same two wait goals against the other
+four, and counts the traces on which no other policy beats it on both overall p95 wait and
+longest wait: how much the goals ask of any policy.
+
     .venv/bin/python benchmarks/policy_quality.py [--traces all|synthetic,philly,...]
         [--json out.json] [--markdown out.md] [--plots DIR] [--weights-only]
         [--cycle-interval SECONDS] [--submit-jitter SECONDS [--jitter-seed N]]
