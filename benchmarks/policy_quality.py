@@ -116,16 +116,30 @@ def evaluate(
 
 
 def checks(policies: dict[str, Any], judged: str = "preemptible") -> dict[str, Any]:
-    """The goals of issue 4 for `judged`, against every other policy in `policies`."""
+    """The goals of issue 4 for `judged`, against every other policy in `policies`.
+
+    Also two milder readings of the wait goals: each queue's p95 against the same queue under
+    the one policy with the best overall p95, and the longest wait against the policies that
+    enforce the same quotas (those with `Policy.quotas`, kueue), since a policy without quotas
+    may serve a job beyond its queue's quota in turn, which the quota guarantee rules out.
+    """
     others = [p for p in policies if p != judged]
     o = policies[judged]["overall"]
-    worst_q, worst_ratio = "", 0.0
+    single_best = min(others, key=lambda p: policies[p]["overall"]["p95_wait_s"])
+    worst_q, worst_ratio, single_ratio = "", 0.0, 0.0
     for q, m in policies[judged]["queues"].items():
         best = min(policies[b]["queues"][q]["p95_wait_s"] for b in others)
-        ratio = max(m["p95_wait_s"], FLOOR_S) / max(best, FLOOR_S)
+        ratio = _floored(m["p95_wait_s"]) / _floored(best)
         if ratio > worst_ratio:
             worst_q, worst_ratio = q, ratio
+        theirs = policies[single_best]["queues"][q]["p95_wait_s"]
+        single_ratio = max(single_ratio, _floored(m["p95_wait_s"]) / _floored(theirs))
+    least = o["max_wait_least_served_s"]
     least_best = min(policies[b]["overall"]["max_wait_least_served_s"] for b in others)
+    quota_peers = [p for p in others if p in POLICIES and POLICIES[p].quotas]
+    least_quota = min(
+        (policies[b]["overall"]["max_wait_least_served_s"] for b in quota_peers), default=None
+    )
     best_util = max(policies[b]["overall"]["utilization"] for b in others)
     return {
         "demand_ratio": o["demand_ratio"],
@@ -136,10 +150,22 @@ def checks(policies: dict[str, Any], judged: str = "preemptible") -> dict[str, A
         "worst_queue": worst_q,
         "worst_p95_ratio": worst_ratio,
         "p95_ok": worst_ratio <= 1.10,
-        "least_served_ratio": o["max_wait_least_served_s"] / max(least_best, 1e-9),
-        "least_served_ok": o["max_wait_least_served_s"] < least_best,
+        "least_served_ratio": least / max(least_best, 1e-9),
+        "least_served_ok": least < least_best,
         "util_vs_best_baseline": o["utilization"] / max(best_util, 1e-9),
+        "single_best_p95_policy": single_best,
+        "worst_p95_ratio_single_best": single_ratio,
+        "p95_single_best_ok": single_ratio <= 1.10,
+        "least_served_ratio_same_quotas": (
+            least / max(least_quota, 1e-9) if least_quota is not None else None
+        ),
+        "least_served_same_quotas_ok": least_quota is not None and least < least_quota,
     }
+
+
+def _floored(wait_s: float) -> float:
+    """Waits under 60 s count as 60 s, so that a few seconds against zero is not a failure."""
+    return max(wait_s, FLOOR_S)
 
 
 def dominated_by(policies: dict[str, Any], judged: str) -> list[str]:
@@ -148,7 +174,7 @@ def dominated_by(policies: dict[str, Any], judged: str) -> list[str]:
 
     def point(policy: str) -> tuple[float, float]:
         o = policies[policy]["overall"]
-        return max(o["p95_wait_s"], FLOOR_S), max(o["max_wait_least_served_s"], FLOOR_S)
+        return _floored(o["p95_wait_s"]), _floored(o["max_wait_least_served_s"])
 
     mine = point(judged)
     return [
@@ -198,6 +224,24 @@ def markdown(results: dict[str, Any]) -> str:
             f"{c['worst_p95_ratio']:.2f}x {c['worst_queue']} ({yes[c['p95_ok']]}) | "
             f"{c['least_served_ratio']:.2f}x ({yes[c['least_served_ok']]}) | "
             f"{c['util_vs_best_baseline']:.2f}x |"
+        )
+    lines += [
+        "",
+        "The wait goals read more mildly: each queue's p95 against the policy with the best "
+        "overall p95, and the longest wait against the policies with the same quotas:",
+        "",
+        "| trace | worst queue p95 vs single best (policy) | least-served max wait vs same "
+        "quotas | both |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    for name, r in results.items():
+        c = r["checks"]
+        same = c["least_served_ratio_same_quotas"]
+        both = c["p95_single_best_ok"] and c["least_served_same_quotas_ok"]
+        lines.append(
+            f"| {name} | {c['worst_p95_ratio_single_best']:.2f}x ({c['single_best_p95_policy']}) | "
+            + (f"{same:.2f}x" if same is not None else "-")
+            + f" | {yes[both]} |"
         )
     lines += [
         "",
@@ -303,6 +347,16 @@ def main() -> None:
         for k in ("goodput_ok", "lost_ok", "p95_ok", "least_served_ok")
     }
     print(f"goals met on {len(results)} traces: " + ", ".join(f"{k} {v}" for k, v in met.items()))
+    mild = sum(
+        r["checks"]["p95_single_best_ok"] and r["checks"]["least_served_same_quotas_ok"]
+        for r in results.values()
+    )
+    print(
+        "milder readings: p95 vs the single best policy "
+        f"{sum(r['checks']['p95_single_best_ok'] for r in results.values())}, longest wait vs "
+        f"the same quotas {sum(r['checks']['least_served_same_quotas_ok'] for r in results.values())}"
+        f", both {mild}"
+    )
     print("each policy against the other four: goals met (p95, max wait, both), undominated")
     for policy, n in peer_counts(results).items():
         print(

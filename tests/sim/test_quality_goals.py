@@ -46,6 +46,22 @@ def test_p95_is_judged_per_queue_against_the_best_other_policy(quality):
     assert c["least_served_ratio"] == pytest.approx(500 / 900)
 
 
+def test_the_milder_readings_use_one_policy_for_p95_and_same_quota_peers_for_max_wait(quality):
+    policies = {
+        "preemptible": summary({"x": 1000, "y": 1000}, 500),
+        "fifo": summary({"x": 4000, "y": 4000}, 300),  # no quotas: left out of the max wait
+        "kueue": summary({"x": 500, "y": 1050}, 900),  # the best overall p95 of the others
+        "slurm": summary({"x": 3000, "y": 800}, 400),
+    }
+    c = quality.checks(policies)
+    assert c["single_best_p95_policy"] == "kueue"
+    assert c["worst_p95_ratio_single_best"] == pytest.approx(2.0)  # x: 1000 against 500
+    assert not c["p95_single_best_ok"]
+    assert c["least_served_ratio_same_quotas"] == pytest.approx(500 / 900)
+    assert c["least_served_same_quotas_ok"]
+    assert not c["least_served_ok"]  # fifo's 300 s is lower
+
+
 def test_waits_under_a_minute_count_as_a_minute(quality):
     policies = {"a": summary({"x": 50}, 100), "b": summary({"x": 5}, 100)}
     c = quality.checks(policies, judged="a")
