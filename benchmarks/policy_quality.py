@@ -25,8 +25,10 @@ chaotic, which of two close decisions wins: a difference between two versions of
 survives 7, 10 and 13 s is the rule, not the luck of one run. Where cycles follow arrivals
 that are already further apart than that (the Chronus traces), the interval changes nothing:
 `--submit-jitter` moves every submission later by a random fraction of the given seconds (the
-same for every policy; `--jitter-seed` picks another draw), which splits batches of jobs
-submitted in the same second and so probes the same question there.
+same for every policy; `--jitter-seed` picks another draw), which takes arrivals off the whole
+minutes they share with each other and with job ends, and so probes the same question there
+(it also raises lost work on Chronus: see "Why jitter raises lost work" in
+docs/policy-evaluation.md).
 """
 
 from __future__ import annotations
@@ -160,6 +162,7 @@ def checks(policies: dict[str, Any], judged: str = "preemptible") -> dict[str, A
             least / max(least_quota, 1e-9) if least_quota is not None else None
         ),
         "least_served_same_quotas_ok": least_quota is not None and least < least_quota,
+        "milder_ok": single_ratio <= 1.10 and least_quota is not None and least < least_quota,
     }
 
 
@@ -237,11 +240,10 @@ def markdown(results: dict[str, Any]) -> str:
     for name, r in results.items():
         c = r["checks"]
         same = c["least_served_ratio_same_quotas"]
-        both = c["p95_single_best_ok"] and c["least_served_same_quotas_ok"]
         lines.append(
             f"| {name} | {c['worst_p95_ratio_single_best']:.2f}x ({c['single_best_p95_policy']}) | "
             + (f"{same:.2f}x" if same is not None else "-")
-            + f" | {yes[both]} |"
+            + f" | {yes[c['milder_ok']]} |"
         )
     lines += [
         "",
@@ -344,19 +346,17 @@ def main() -> None:
         args.markdown.write_text(markdown(results))
     met = {
         k: sum(r["checks"][k] for r in results.values())
-        for k in ("goodput_ok", "lost_ok", "p95_ok", "least_served_ok")
+        for k in (
+            "goodput_ok",
+            "lost_ok",
+            "p95_ok",
+            "least_served_ok",
+            "p95_single_best_ok",
+            "least_served_same_quotas_ok",
+            "milder_ok",
+        )
     }
     print(f"goals met on {len(results)} traces: " + ", ".join(f"{k} {v}" for k, v in met.items()))
-    mild = sum(
-        r["checks"]["p95_single_best_ok"] and r["checks"]["least_served_same_quotas_ok"]
-        for r in results.values()
-    )
-    print(
-        "milder readings: p95 vs the single best policy "
-        f"{sum(r['checks']['p95_single_best_ok'] for r in results.values())}, longest wait vs "
-        f"the same quotas {sum(r['checks']['least_served_same_quotas_ok'] for r in results.values())}"
-        f", both {mild}"
-    )
     print("each policy against the other four: goals met (p95, max wait, both), undominated")
     for policy, n in peer_counts(results).items():
         print(

@@ -59,6 +59,7 @@ def test_the_milder_readings_use_one_policy_for_p95_and_same_quota_peers_for_max
     assert not c["p95_single_best_ok"]
     assert c["least_served_ratio_same_quotas"] == pytest.approx(500 / 900)
     assert c["least_served_same_quotas_ok"]
+    assert not c["milder_ok"]  # the p95 reading fails
     assert not c["least_served_ok"]  # fifo's 300 s is lower
 
 
