@@ -60,6 +60,8 @@ def test_the_milder_readings_use_one_policy_for_p95_and_same_quota_peers_for_max
     assert c["least_served_ratio_same_quotas"] == pytest.approx(500 / 900)
     assert c["least_served_same_quotas_ok"]
     assert not c["milder_ok"]  # the p95 reading fails
+    policies["preemptible"] = summary({"x": 520, "y": 1000}, 500)  # x within 10% of kueue's
+    assert quality.checks(policies)["milder_ok"]
     assert not c["least_served_ok"]  # fifo's 300 s is lower
 
 
