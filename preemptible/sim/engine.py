@@ -29,6 +29,7 @@ from preemptible.queue.core import (
     ClusterState,
     Job,
     Policy,
+    Preempt,
     QueueConfig,
     Resources,
     RunningJob,
@@ -161,7 +162,7 @@ class Simulator:
         for tj in self.jobs:
             self.records[tj.job_id] = JobRecord(trace=tj)
             self._push(tj.submit_s, _ARRIVE, tj.job_id)
-        start = self.jobs[0].submit_s if self.jobs else 0.0
+        start = min((tj.submit_s for tj in self.jobs), default=0.0)
         self.tracker.advance(start)
         total = len(self.jobs)
         done = cycles = 0
@@ -292,7 +293,7 @@ class Simulator:
         for admit in result.admit:
             self._start(admit.job_id, admit.placement, now, loan_for=admit.loan_for)
         for pre in result.preempt:
-            self._preempt(pre.job_id, pre.grace_s, pre.for_job, now)
+            self._preempt(pre, now)
         return result.fragmentation, result.rerun, result.wake_at
 
     def _start(
@@ -332,7 +333,8 @@ class Simulator:
         at = rec.run_start_s + rec.run_restore_s + k * interval if k else rec.run_start_s
         return progress, at
 
-    def _preempt(self, job_id: str, grace_s: float, for_job: str, now: float) -> None:
+    def _preempt(self, pre: Preempt, now: float) -> None:
+        job_id, grace_s = pre.job_id, pre.grace_s
         rec = self.records[job_id]
         running = self.state.running[job_id]
         job = running.job
@@ -342,12 +344,14 @@ class Simulator:
         if self.options.checkpoint_mode == "aware" and save <= grace_s:
             exit_at = now + save
             new_saved = self._progress_at(rec, now)
-            lost = gpus * (save + save)  # the save now and the restore later
+            lost = gpus * save  # the save now
         else:
             exit_at = now if self.options.checkpoint_mode == "periodic" else now + grace_s
             new_saved, saved_at = self._checkpointed_at(rec, now)
-            lost = gpus * ((exit_at - saved_at) + save)
-        self.state.record_preemption(job.queue, now, preemptor=for_job)
+            lost = gpus * (exit_at - saved_at)
+        if new_saved > 0:
+            lost += gpus * save  # the restore at its next start (`_core_job`: none from zero)
+        self.state.record_preemption(job.queue, now, preemptor=pre.for_job, nodes=pre.for_nodes)
         if finish_at <= exit_at:
             # It completes before it would have left: no work lost, no preemption counted.
             self.state.mark_terminating(job_id, expected_end=finish_at)

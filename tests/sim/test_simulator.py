@@ -83,15 +83,20 @@ CFG = parse_config_text(
 
 
 @pytest.mark.parametrize(
-    ("mode", "lost"),
-    [("aware", 2 * 100.0), ("periodic", 1000.0 + 100.0)],
-    ids=["aware-loses-save-and-restore", "periodic-loses-work-since-checkpoint"],
+    ("mode", "at", "lost"),
+    [
+        ("aware", 4600, 2 * 100.0),
+        ("periodic", 4600, 1000.0 + 100.0),  # last periodic checkpoint at 3600 s
+        ("periodic", 1000, 1000.0),  # before the first: nothing to restore, it starts over
+    ],
+    ids=[
+        "aware-loses-save-and-restore",
+        "periodic-loses-work-since-checkpoint-and-restore",
+        "periodic-before-any-checkpoint-loses-the-work-only",
+    ],
 )
-def test_preemption_costs_depend_on_checkpointing(mode, lost):
-    jobs = [
-        _job("low", 0, 10_000, tier="low", ckpt=100.0),
-        _job("high", 4600, 600, tier="high"),  # at 4600 s: last periodic checkpoint at 3600 s
-    ]
+def test_preemption_costs_depend_on_checkpointing(mode, at, lost):
+    jobs = [_job("low", 0, 10_000, tier="low", ckpt=100.0), _job("high", at, 600, tier="high")]
     opts = SimOptions(checkpoint_mode=mode, checkpoint_interval_s=1800.0, cycle_interval_s=0.0)
     cfg = parse_config_text("[cluster]\ngpus = 1\n[[queues]]\nname = 'a'\nnominal = { gpus = 1 }\n")
     result = Simulator(jobs, cfg, POLICIES["preemptible"], opts).run()
@@ -100,6 +105,13 @@ def test_preemption_costs_depend_on_checkpointing(mode, lost):
     assert low.lost_gpu_s == pytest.approx(lost)
     # the victim finishes all its work: duration plus what it lost and re-did
     assert low.admitted_gpu_s == pytest.approx(10_000 + lost, rel=1e-6)
+
+
+def test_utilisation_does_not_depend_on_the_order_jobs_are_given_in():
+    jobs = [_job("late", 1000, 1000), _job("early", 0, 1000)]
+    cfg = parse_config_text("[cluster]\ngpus = 1\n[[queues]]\nname = 'a'\nnominal = { gpus = 1 }\n")
+    result = summarize(Simulator(jobs, cfg, POLICIES["fifo"]).run())["overall"]
+    assert result["utilization"] == pytest.approx(1.0)
 
 
 def test_unknown_queue_in_trace_is_a_clear_error():

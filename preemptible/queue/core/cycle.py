@@ -103,6 +103,8 @@ class _Cycle:
         self.started: set[str] = set()
         self.started_ends: list[Started] = []
         self.taken: set[str] = set()
+        self.leaving = {name: list(amounts) for name, amounts in st.leaving.items()}
+        """Per queue: held by jobs told to go, before this cycle or by it."""
         self.budget_used: dict[str, int] = {}
         self.reservation: Reservation | None = None
         self.plans_left = policy.max_preemption_plans if config.preemption.enabled else 0
@@ -180,9 +182,7 @@ class _Cycle:
             else:
                 self.reasons[job_id] = "pending: waiting for the jobs preempted for it to exit"
                 self.started.add(job_id)  # handled: the walk must not preempt again for it
-                for i in range(3):
-                    if self.free[i] != INF:
-                        self.free[i] -= min(self.free[i], job.request.as_tuple()[i])
+                self._hold(job, st.nominated_nodes.get(job_id, ()))
 
     def _walk(self) -> None:
         st = self.st
@@ -430,6 +430,7 @@ class _Cycle:
                 now=self.now,
                 state=self.st,
                 alloc=self.alloc,
+                leaving=self.leaving,
                 policy=self.policy,
                 settings=self.config.preemption,
             ),
@@ -480,6 +481,7 @@ class _Cycle:
             take_loans=take_loans,
             tier=not loans_only,
             budget_used=self.budget_used,
+            leaving=self.leaving,
             cost_cache=self.cost_cache,
             candidate_cache=self.candidate_cache,
         )
@@ -494,26 +496,25 @@ class _Cycle:
             self.reasons[job.id] = why  # patient reclaim (`patience.py`)
             return True
         names = []
+        ran = "; ran past its minimum runtime" if self.policy.protect_min_runtime else ""
         for v in plan.victims:
             vjob = v.running.job
             self.budget_used[vjob.queue] = self.budget_used.get(vjob.queue, 0) + 1
             self.taken.add(vjob.id)
+            leaving = self.leaving[vjob.queue]
+            for i, amount in enumerate(vjob.request.as_tuple()):
+                leaving[i] += amount
             names.append(vjob.id)
             if v.kind == "loan":
-                why = (
-                    f"preempted: ran on loan ahead of {job.id}'s reservation, which is due; "
-                    "ran past its minimum runtime"
-                )
+                why = f"preempted: ran on loan ahead of {job.id}'s reservation, which is due{ran}"
             elif v.kind == "reclaim":
                 why = (
                     f"preempted: {job.queue} reclaims capacity {vjob.queue} borrowed, for "
                     f"{job.id} (within its nominal quota)"
                 )
             else:
-                why = (
-                    f"preempted: tier {vjob.tier.value} yields to {job.tier.value} job {job.id}; "
-                    "ran past its minimum runtime"
-                )
+                tiers = f"tier {vjob.tier.value} yields to {job.tier.value}"
+                why = f"preempted: {tiers} job {job.id}{ran}"
             self.preempts.append(
                 Preempt(
                     job_id=vjob.id,
@@ -522,24 +523,31 @@ class _Cycle:
                     lost_gpu_s=v.lost_gpu_s,
                     reclaim=v.kind == "reclaim",
                     loan=v.kind == "loan",
+                    for_nodes=plan.placement or (),
                     reason=f"{why}; expected loss {v.lost_gpu_s:.0f} GPU-s",
                 )
             )
+        # Victims chosen: the queue budgets and what each queue borrows have changed.
+        self.candidate_cache.clear()
         freed = sum(v.running.job.request.gpus for v in plan.victims)
         self.incoming += max(0, freed + max(0, int(self.free[0])) - job.request.gpus)
-        # Hold what is free now for the preemptor so nobody else takes it meanwhile.
-        req = job.request.as_tuple()
-        for i in range(3):
-            if self.free[i] != INF:
-                self.free[i] -= min(max(self.free[i], 0), req[i])
-        if self.pool is not None and plan.placement:
-            hold = [(n, min(g, self.pool.free[n])) for n, g in plan.placement]
-            self.pool.take([(n, g) for n, g in hold if g > 0])
-            self._use_held_nodes(hold)
+        self._hold(job, plan.placement or ())
         self.reasons[job.id] = (
             f"pending: preempting {', '.join(names)} to make room; starts when they exit"
         )
         return True
+
+    def _hold(self, job: Job, nodes: Placement) -> None:
+        """Hold what is free now for a preemptor, by count and on the nodes its victims free,
+        so that nobody else takes it before they exit."""
+        req = job.request.as_tuple()
+        for i in range(3):
+            if self.free[i] != INF:
+                self.free[i] -= min(max(self.free[i], 0), req[i])
+        if self.pool is not None and nodes:
+            hold = [(n, min(g, self.pool.free[n])) for n, g in nodes]
+            self.pool.take([(n, g) for n, g in hold if g > 0])
+            self._use_held_nodes(hold)
 
     def _preemption_possible(self) -> bool:
         if self.plans_left <= 0:

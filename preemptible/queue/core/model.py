@@ -233,6 +233,9 @@ class Preempt:
     """True when it reclaims borrowed capacity rather than serving a higher tier."""
     loan: bool = False
     """True when the job it is freed for takes back capacity lent to it (`RunningJob.loan_for`)."""
+    for_nodes: tuple[tuple[int, int], ...] = ()
+    """(node, GPUs) where `for_job` is to start once its victims exit, when the cluster has
+    nodes: held for it meanwhile, so that a third job cannot take them."""
     reason: str = ""
 
 

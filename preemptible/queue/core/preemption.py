@@ -18,7 +18,14 @@ Three reasons allow a preemption:
 Among the allowed victims we look for a set that makes the job fit at the least lost work:
 GPU-seconds since each victim's last checkpoint (only its save time when it checkpoints on
 notice within its grace) plus its restore. Single-node jobs compare node by node; larger jobs
-add victims greedily by cost per GPU, then drop any victim the fit does not need (as kueue does).
+add victims greedily by cost per GPU; both then drop any victim the fit does not need (as kueue
+does).
+
+Victims from another queue come out of what that queue borrows: together they may not take it
+below its nominal quota. Only when no such set makes room (jobs are indivisible: a queue that
+borrows 1 GPU with one 5-GPU job) may a victim straddle the quota, and only while its queue
+still borrows before it goes, as in kueue. What a queue borrows is judged without its jobs that
+were already told to go.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from preemptible.queue.core.model import Job, RunningJob
 from preemptible.queue.core.negotiation import grace_seconds, min_runtime_seconds
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.policy import Policy, VictimOrder
-from preemptible.queue.core.quota import QuotaVerdict, check_quota, is_borrowing
+from preemptible.queue.core.quota import QuotaVerdict, borrowed, check_quota, is_borrowing
 from preemptible.queue.core.state import ClusterState
 
 
@@ -94,6 +101,7 @@ def find_victims(
     settings: PreemptionSettings,
     taken: set[str],
     budget_used: Mapping[str, int],
+    leaving: Mapping[str, Sequence[float]] | None = None,
     take_loans: bool = False,
     tier: bool = True,
     cost_cache: dict[str, tuple[tuple, float, float]] | None = None,
@@ -102,9 +110,11 @@ def find_victims(
     """The cheapest set of victims that lets `job` start, or None when there is none.
 
     `cost_cache` and `candidate_cache` belong to one cycle: prices do not depend on the
-    preemptor, and the eligible set only on its queue and tier while allocations are unchanged
-    (the caller clears `candidate_cache` when it admits a job). `budget_used`: preemptions the
-    caller has already decided this cycle, per queue. `take_loans`: `job` holds the
+    preemptor, and the eligible set only on its queue and tier while allocations, budgets and
+    `leaving` are unchanged (the caller clears `candidate_cache` when it admits a job or
+    chooses victims). `budget_used`: preemptions the caller has already decided this cycle,
+    per queue. `leaving`: per queue, what its jobs told to go still hold (default: the
+    state's). `take_loans`: `job` holds the
     reservation, so jobs on loan to it are candidates too; `tier=False` leaves tier victims out
     (their search is backed off).
     """
@@ -121,7 +131,10 @@ def find_victims(
     take_loans = take_loans and job.id in state.loans
     if not (can_reclaim or can_tier or take_loans):
         return None
-    borrowing = {name: is_borrowing(q, alloc[name]) for name, q in queues.items()}
+    if leaving is None:
+        leaving = state.leaving
+    room = {name: borrowed(q, alloc[name], leaving[name]) for name, q in queues.items()}
+    borrowing = {name: any(x > 1e-9 for x in r) for name, r in room.items()}
     if not (can_tier or take_loans or any(borrowing.values())):
         return None
 
@@ -130,7 +143,7 @@ def find_victims(
         candidates = [c for c in candidate_cache[cache_key] if c[1].job.id not in taken]
         if not candidates:
             return None
-        return _choose(job, candidates, alloc, free, pool, policy, queue, req, state.node_jobs)
+        return _choose(job, candidates, alloc, free, pool, policy, queue, req, state, room)
     candidates: list[tuple[tuple, RunningJob, float, float, bool]] = []
     newest_first = policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST
     # A borrower that takes another queue's borrowed capacity runs on borrowed capacity itself:
@@ -174,7 +187,7 @@ def find_victims(
         candidate_cache[cache_key] = candidates
     if not candidates:
         return None
-    return _choose(job, candidates, alloc, free, pool, policy, queue, req, state.node_jobs)
+    return _choose(job, candidates, alloc, free, pool, policy, queue, req, state, room)
 
 
 def loans_due(
@@ -185,6 +198,7 @@ def loans_due(
     alloc: Mapping[str, Sequence[float]],
     policy: Policy,
     settings: PreemptionSettings,
+    leaving: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, float]:
     """Running job id -> when `job` may take it back, for every job on loan to it that it may.
 
@@ -197,9 +211,11 @@ def loans_due(
     """
     if not policy.loan_backfill or job.id not in state.loans:
         return {}
+    if leaving is None:
+        leaving = state.leaving
     due: dict[str, float] = {}
     for vq, running in state.running_by_queue.items():
-        if vq != job.queue and not is_borrowing(state.queues[vq], alloc[vq]):
+        if vq != job.queue and not is_borrowing(state.queues[vq], alloc[vq], leaving[vq]):
             continue  # work within its queue's nominal quota is never taken back
         for rj in running.values():
             if not rj.terminating and _on_loan_to(rj, job):
@@ -229,7 +245,7 @@ def _price(rj, now, policy, settings, newest_first) -> tuple[tuple, float, float
     return key, lost, grace
 
 
-def _choose(job, candidates, alloc, free, pool, policy, queue, req, node_jobs):
+def _choose(job, candidates, alloc, free, pool, policy, queue, req, state, room):
     def quota_ok(freed_own: Sequence[float]) -> bool:
         if not policy.quotas:
             return True
@@ -238,26 +254,72 @@ def _choose(job, candidates, alloc, free, pool, policy, queue, req, node_jobs):
         return check_quota(queue, after, req) is not QuotaVerdict.OVER_LIMIT
 
     if pool is not None and 0 < req[0] <= pool.gpus_per_node:
-        chosen, placement = _per_node(job, candidates, free, pool, quota_ok)
+        search = _per_node
     elif pool is not None:
-        chosen, placement = _whole_nodes(job, candidates, free, pool, quota_ok, node_jobs)
+        search = _whole_nodes
     else:
-        chosen, placement = _greedy(job, candidates, free, pool, quota_ok)
+        search = _greedy
+    guard = _Borrowed(job.queue, room, straddle=False)
+    chosen, placement = search(job, candidates, free, pool, quota_ok, guard, state.node_jobs)
+    if chosen is None and guard.refused:
+        guard = _Borrowed(job.queue, room, straddle=True)
+        chosen, placement = search(job, candidates, free, pool, quota_ok, guard, state.node_jobs)
     if chosen is None:
         return None
     victims = tuple(Victim(running=c[1], lost_gpu_s=c[2], grace_s=c[3], kind=c[4]) for c in chosen)
     return VictimPlan(victims=victims, placement=placement)
 
 
+class _Borrowed:
+    """Keeps victims of other queues within what those queues borrow (see the module docstring).
+
+    `room`: per queue, what it holds beyond its nominal quota. With `straddle`, a victim may take
+    its queue below nominal as long as the queue still borrows before it goes.
+    """
+
+    __slots__ = ("own", "refused", "room", "straddle")
+
+    def __init__(self, own: str, room: Mapping[str, Sequence[float]], *, straddle: bool):
+        self.own = own
+        self.room = room
+        self.straddle = straddle
+        self.refused = False
+        """Whether a victim was refused, i.e. whether straddling could find more."""
+
+    def allows(self, c, taken: Mapping[str, Sequence[float]]) -> bool:
+        """Whether candidate `c` may join victims that already take `taken` per queue."""
+        vq = c[1].job.queue
+        if vq == self.own:
+            return True
+        room = self.room[vq]
+        used = taken.get(vq, (0.0, 0.0, 0.0))
+        if self.straddle:
+            ok = any(used[i] < room[i] - 1e-9 for i in range(3))
+        else:
+            r = c[1].job.request.as_tuple()
+            ok = all(used[i] + r[i] <= room[i] + 1e-9 for i in range(3) if room[i] > 1e-9)
+        self.refused |= not ok
+        return ok
+
+
+def _tally(taken: dict[str, list[float]], c, sign: int) -> None:
+    """Add (sign 1) or remove (-1) candidate `c` from what victims take per queue."""
+    r = c[1].job.request.as_tuple()
+    t = taken.setdefault(c[1].job.queue, [0.0, 0.0, 0.0])
+    for i in range(3):
+        t[i] += sign * r[i]
+
+
 def _fits_flat(free: Sequence[float], freed: Sequence[float], req: Sequence[float]) -> bool:
     return all(free[i] + freed[i] + 1e-9 >= req[i] for i in range(3))
 
 
-def _greedy(job, candidates, free, pool, quota_ok):
+def _greedy(job, candidates, free, pool, quota_ok, guard, node_jobs):
     """Add victims cheapest-per-GPU first until the job fits, then drop the unneeded ones."""
     req = job.request.as_tuple()
     freed = [0.0, 0.0, 0.0]
     freed_own = [0.0, 0.0, 0.0]
+    taken: dict[str, list[float]] = {}
     test = pool.copy() if pool is not None else None
     chosen = []
 
@@ -273,10 +335,13 @@ def _greedy(job, candidates, free, pool, quota_ok):
             freed[i] += sign * r[i]
             if own:
                 freed_own[i] += sign * r[i]
+        _tally(taken, c, sign)
         if test is not None:
             (test.give if sign > 0 else test.take)(c[1].placement)
 
     for c in candidates:
+        if not guard.allows(c, taken):
+            continue
         chosen.append(c)
         account(c, +1)
         if fits():
@@ -293,42 +358,75 @@ def _greedy(job, candidates, free, pool, quota_ok):
     return chosen, placement
 
 
-def _per_node(job, candidates, free, pool, quota_ok, *, enough_nodes: int = 8):
+class _NodeRoom:
+    """Victims gathered on one node for a single-node job, and what they free."""
+
+    __slots__ = ("chosen", "cost", "freed", "freed_own", "room", "taken")
+
+    def __init__(self, room: int):
+        self.chosen: list = []
+        self.cost = 0.0
+        self.freed = [0.0, 0.0, 0.0]
+        self.freed_own = [0.0, 0.0, 0.0]
+        self.taken: dict[str, list[float]] = {}
+        self.room = room
+        """GPUs free on the node once the chosen victims exit."""
+
+    def add(self, c, gpus_here: int, own: bool, sign: int = 1) -> None:
+        r = c[1].job.request.as_tuple()
+        for i in range(3):
+            self.freed[i] += sign * r[i]
+            if own:
+                self.freed_own[i] += sign * r[i]
+        _tally(self.taken, c, sign)
+        self.cost += sign * c[2]
+        self.room += sign * gpus_here
+        if sign > 0:
+            self.chosen.append(c)
+        else:
+            self.chosen.remove(c)
+
+
+def _per_node(job, candidates, free, pool, quota_ok, guard, node_jobs, *, enough_nodes: int = 8):
     """For a single-node job: on each node, the cheapest victims that make room; best node wins.
 
     One pass over the candidates in price order, accumulating per node; a node is complete the
-    first time its room suffices. Candidates come cheapest first, so after `enough_nodes`
-    complete nodes a cheaper one is unlikely; we stop there to bound the cost of a cycle.
+    first time its room suffices, and then keeps only the victims the fit needs. Candidates come
+    cheapest first, so after `enough_nodes` complete nodes a cheaper one is unlikely; we stop
+    there to bound the cost of a cycle.
     """
     req = job.request.as_tuple()
     gpus = req[0]
-    room: dict[int, int] = {}
-    acc: dict[int, tuple[list, float, list, list]] = {}
-    best = None
+    nodes: dict[int, _NodeRoom] = {}
+    best: tuple[float, int, list] | None = None
     done: set[int] = set()
+
+    def fits(n: _NodeRoom) -> bool:
+        return n.room >= gpus and _fits_flat(free, n.freed, req) and quota_ok(n.freed_own)
+
     for c in candidates:
         rj = c[1]
         own = rj.job.queue == job.queue
-        r = rj.job.request.as_tuple()
         for node, g in rj.placement:
             if node in done:
                 continue
-            if node not in acc:
-                acc[node] = ([], 0.0, [0.0, 0.0, 0.0], [0.0, 0.0, 0.0])
-                room[node] = pool.free[node]
-            chosen, cost, freed, freed_own = acc[node]
-            chosen.append(c)
-            cost += c[2]
-            for i in range(3):
-                freed[i] += r[i]
-                if own:
-                    freed_own[i] += r[i]
-            acc[node] = (chosen, cost, freed, freed_own)
-            room[node] += g
-            if room[node] >= gpus and _fits_flat(free, freed, req) and quota_ok(freed_own):
-                done.add(node)
-                if best is None or (cost, node) < (best[0], best[1]):
-                    best = (cost, node, list(chosen))
+            acc = nodes.get(node)
+            if acc is None:
+                acc = nodes[node] = _NodeRoom(pool.free[node])
+            if not guard.allows(c, acc.taken):
+                continue
+            acc.add(c, g, own)
+            if not fits(acc):
+                continue
+            done.add(node)
+            for victim in reversed(acc.chosen[:-1]):  # drop what the fit does not need
+                here = sum(h for n, h in victim[1].placement if n == node)
+                mine = victim[1].job.queue == job.queue
+                acc.add(victim, here, mine, -1)
+                if not fits(acc):
+                    acc.add(victim, here, mine, +1)
+            if best is None or (acc.cost, node) < (best[0], best[1]):
+                best = (acc.cost, node, list(acc.chosen))
         if len(done) >= enough_nodes:
             break
     if best is None:
@@ -336,7 +434,7 @@ def _per_node(job, candidates, free, pool, quota_ok, *, enough_nodes: int = 8):
     return best[2], ((best[1], gpus),)
 
 
-def _whole_nodes(job, candidates, free, pool, quota_ok, node_jobs):
+def _whole_nodes(job, candidates, free, pool, quota_ok, guard, node_jobs):
     """For a multi-node job: clear the cheapest nodes whose every job may be preempted."""
     req = job.request.as_tuple()
     per = pool.gpus_per_node
@@ -360,13 +458,27 @@ def _whole_nodes(job, candidates, free, pool, quota_ok, node_jobs):
     if len(priced) < need:
         return None, None
     priced.sort(key=lambda p: (p[0], p[1]))
-    chosen_nodes = priced[:need]
-    chosen, seen = [], set()
-    for _, _, cands in chosen_nodes:
-        for c in cands:
-            if c[1].job.id not in seen:
-                seen.add(c[1].job.id)
-                chosen.append(c)
+    chosen, seen, nodes = [], set(), []
+    taken: dict[str, list[float]] = {}
+    for _, node, cands in priced:
+        new = [c for c in cands if c[1].job.id not in seen]
+        trial = {q: list(t) for q, t in taken.items()}
+        ok = True
+        for c in new:
+            if not guard.allows(c, trial):
+                ok = False
+                break
+            _tally(trial, c, +1)
+        if not ok:
+            continue
+        taken = trial
+        seen.update(c[1].job.id for c in new)
+        chosen.extend(new)
+        nodes.append(node)
+        if len(nodes) == need:
+            break
+    else:
+        return None, None
     freed, freed_own = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
     for c in chosen:
         r = c[1].job.request.as_tuple()
@@ -376,7 +488,7 @@ def _whole_nodes(job, candidates, free, pool, quota_ok, node_jobs):
                 freed_own[i] += r[i]
     if not (_fits_flat(free, freed, req) and quota_ok(freed_own)):
         return None, None
-    nodes = sorted(n for _, n, _ in chosen_nodes)
+    nodes.sort()
     whole, rest = divmod(int(req[0]), per)
     placement = [(n, per) for n in nodes[:whole]]
     if rest:

@@ -38,10 +38,18 @@ def check_quota(queue: Queue, alloc: Amounts, request: Amounts) -> QuotaVerdict:
     return QuotaVerdict.BORROWING if borrowing else QuotaVerdict.WITHIN_NOMINAL
 
 
-def is_borrowing(queue: Queue, alloc: Amounts) -> bool:
-    """True when the queue holds more than its nominal quota of some resource."""
+def is_borrowing(queue: Queue, alloc: Amounts, leaving: Amounts = (0, 0, 0)) -> bool:
+    """True when the queue holds more than its nominal quota of some resource (not counting
+    what its jobs told to go, `leaving`, still hold)."""
     nominal = queue.nominal.as_tuple()
-    return any(alloc[i] > nominal[i] + 1e-9 for i in range(3))
+    return any(alloc[i] - leaving[i] > nominal[i] + 1e-9 for i in range(3))
+
+
+def borrowed(queue: Queue, alloc: Amounts, leaving: Amounts = (0, 0, 0)) -> tuple[float, ...]:
+    """Per resource, how much the queue holds beyond its nominal quota (0 where it does not),
+    not counting what its jobs told to go still hold."""
+    nominal = queue.nominal.as_tuple()
+    return tuple(max(0.0, alloc[i] - leaving[i] - nominal[i]) for i in range(3))
 
 
 def describe_limit(queue: Queue) -> str:

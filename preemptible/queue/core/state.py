@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from preemptible.queue.core.model import Cluster, Job, Queue, RunningJob
-from preemptible.queue.core.placement import NodePool
+from preemptible.queue.core.placement import NodePool, Placement
 
 GroupKey = tuple[str, int, int, float, float]
 
@@ -70,10 +70,16 @@ class ClusterState:
         self.used: list[float] = [0, 0.0, 0.0]
         self.terminating_gpus = 0
         """GPUs held by jobs that were told to go and have not exited yet."""
+        self.leaving: dict[str, list[float]] = {name: [0, 0.0, 0.0] for name in self.queues}
+        """Per queue: the part of `alloc` held by jobs that were told to go. What a queue
+        borrows is judged without it, or a queue whose loan is already leaving would still
+        look like a borrower and lose work within its nominal quota."""
         self.tier_gpus: list[int] = [0, 0, 0, 0]
         """GPUs held by non-terminating running jobs, per tier rank."""
         self.loans: dict[str, int] = {}
         """Reserved job id -> GPUs held on loan to it by non-terminating jobs (`loan_for`)."""
+        self._lent: dict[str, set[str]] = {}
+        """Reserved job id -> ids of the running jobs on loan to it (to end loans at its start)."""
         self.pool: NodePool | None = (
             NodePool(cluster.nodes, cluster.gpus_per_node)
             if cluster.nodes and cluster.gpus_per_node
@@ -87,6 +93,8 @@ class ClusterState:
         """Per victim queue, times of preemptions (the shell may trim entries older than 1 h)."""
         self.nominated: dict[str, float] = {}
         """Preemptor job id -> when its victims were told to go (oldest first)."""
+        self.nominated_nodes: dict[str, Placement] = {}
+        """Preemptor job id -> the node GPUs its victims are freeing for it (with nodes)."""
         self.preemption_backoff: dict[tuple[str, int, int], float] = {}
         """(queue, tier rank, gpus) -> no victim search before this time (a recent one failed)."""
 
@@ -112,7 +120,22 @@ class ClusterState:
         if not group.jobs:
             del self.groups[key]
         self.nominated.pop(job_id, None)
+        self.nominated_nodes.pop(job_id, None)
+        self._end_loans(job_id)
         return job
+
+    def _end_loans(self, job_id: str) -> None:
+        """The job the loans were made to has started (or left): they become ordinary work,
+        so that it cannot take them back as loans should it be preempted and requeued."""
+        lent = self._lent.pop(job_id, None)
+        if not lent:
+            return
+        for loan_id in lent:
+            running = self.running[loan_id]
+            ordinary = dataclasses.replace(running, loan_for=None)
+            self.running[loan_id] = ordinary
+            self.running_by_queue[running.job.queue][loan_id] = ordinary
+        self.loans.pop(job_id, None)
 
     # --- running ------------------------------------------------------------------------------
 
@@ -133,8 +156,9 @@ class ClusterState:
             self.tier_gpus[job.tier.rank] += r.gpus
             if running.loan_for is not None:
                 self._lend(running.loan_for, r.gpus)
+                self._lent.setdefault(running.loan_for, set()).add(job.id)
         else:
-            self.terminating_gpus += r.gpus
+            self._leave(job, +1)
         if self.pool is not None:
             self.pool.take(running.placement)
             for node, _ in running.placement:
@@ -156,8 +180,8 @@ class ClusterState:
         self.running_by_queue[running.job.queue][job_id] = updated
         self.tier_gpus[running.job.tier.rank] -= running.job.request.gpus
         if running.loan_for is not None:
-            self._lend(running.loan_for, -running.job.request.gpus)
-        self.terminating_gpus += running.job.request.gpus
+            self._unlend(running)
+        self._leave(running.job, +1)
         self._move_end(job_id, expected_end)
 
     def finish(self, job_id: str) -> RunningJob:
@@ -176,9 +200,9 @@ class ClusterState:
         if not running.terminating:
             self.tier_gpus[job.tier.rank] -= r.gpus
             if running.loan_for is not None:
-                self._lend(running.loan_for, -r.gpus)
+                self._unlend(running)
         else:
-            self.terminating_gpus -= r.gpus
+            self._leave(job, -1)
         if self.pool is not None:
             self.pool.give(running.placement)
             for node, _ in running.placement:
@@ -195,6 +219,24 @@ class ClusterState:
         else:
             self.loans.pop(to, None)
 
+    def _unlend(self, running: RunningJob) -> None:
+        to = running.loan_for
+        assert to is not None
+        self._lend(to, -running.job.request.gpus)
+        lent = self._lent.get(to)
+        if lent is not None:
+            lent.discard(running.job.id)
+            if not lent:
+                del self._lent[to]
+
+    def _leave(self, job: Job, sign: int) -> None:
+        r = job.request
+        self.terminating_gpus += sign * r.gpus
+        left = self.leaving[job.queue]
+        left[0] += sign * r.gpus
+        left[1] += sign * r.cpus
+        left[2] += sign * r.memory_gb
+
     def _move_end(self, job_id: str, end: float) -> None:
         old = self._end_of[job_id]
         i = bisect.bisect_left(self.ends, (old, job_id))
@@ -202,14 +244,19 @@ class ClusterState:
         bisect.insort(self.ends, (end, job_id))
         self._end_of[job_id] = end
 
-    def record_preemption(self, queue: str, at: float, *, preemptor: str) -> None:
-        """Count a preemption against the victim's queue and remember the preemptor's nomination."""
+    def record_preemption(
+        self, queue: str, at: float, *, preemptor: str, nodes: Placement = ()
+    ) -> None:
+        """Count a preemption against the victim's queue and remember the preemptor's nomination
+        (with the node GPUs its victims free for it, `Preempt.for_placement`)."""
         log = self.recent_preemptions.setdefault(queue, deque())
         log.append(at)
         while log and log[0] < at - 3600.0:
             log.popleft()
         self.nominated.pop(preemptor, None)
         self.nominated[preemptor] = at
+        if nodes:
+            self.nominated_nodes[preemptor] = nodes
 
     def expire_nominations(self, before: float) -> None:
         """Forget nominations made before `before` (their victims have long exited)."""
@@ -219,6 +266,7 @@ class ClusterState:
             if at >= before:
                 break
             del nominated[job_id]
+            self.nominated_nodes.pop(job_id, None)
 
     def note_failed_preemptions(self, keys, until: float) -> None:
         """Back off victim searches for these (queue, tier rank, gpus) keys until `until`."""
@@ -245,6 +293,7 @@ def build_snapshot(
     usage: Mapping[str, float] | None = None,
     recent_preemptions: Mapping[str, Iterable[float]] | None = None,
     nominated: Mapping[str, float] | None = None,
+    nominated_nodes: Mapping[str, Placement] | None = None,
     default_estimate_s: float = 4 * 3600.0,
 ) -> Snapshot:
     """A snapshot from plain lists (for tests, tools and the service's first load).
@@ -265,4 +314,5 @@ def build_snapshot(
     for name, times in (recent_preemptions or {}).items():
         state.recent_preemptions[name] = deque(sorted(times))
     state.nominated.update(nominated or {})
+    state.nominated_nodes.update(nominated_nodes or {})
     return Snapshot(state=state, usage=dict(usage or {}))
