@@ -10,8 +10,9 @@ reservation's start, or when it fits in what will be left over then beyond what 
 Jobs without an estimate are assumed to run for `default_estimate_s`, as SLURM assumes a
 partition's time limit; a job that overruns its estimate is expected to end now. A job on loan
 to the head that the head may take back frees its GPUs when it may, or at its expected end if
-that comes first. Capacity a nominated job is waiting for is held by count, not by node: the
-start stays right, the spare on the reserved nodes may be too generous until that job starts.
+that comes first. Capacity a nominated job is waiting for is held by count and, with nodes, on
+the nodes its victims are freeing, as far as it is free already; what its victims still hold
+counts as freed at their exit, so the spare on those nodes may be too generous until it starts.
 """
 
 from __future__ import annotations
