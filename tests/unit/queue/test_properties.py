@@ -20,6 +20,8 @@ from .factories import config, job, snapshot
 
 INF = float("inf")
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MANY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+"""For an invariant that only a rare shape of workload breaks."""
 SLOW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TIERS = ["low", "normal", "high", "critical"]
 RANK = {t: i for i, t in enumerate(TIERS)}
@@ -131,6 +133,31 @@ def test_preemption_respects_tier_min_runtime_and_guarantees(w):
                 floor = min_runtime_seconds(victim.job.save_s, victim.job.restore_s, cfg.preemption)
                 assert now - victim.started_at >= floor
     assert len({p.job_id for p in result.preempt}) == len(result.preempt)
+
+
+@MANY
+@given(workloads())
+def test_victims_of_another_queue_come_out_of_what_it_borrows(w):
+    """Together they leave it at or above its nominal quota, but for at most one job that
+    straddles the quota (jobs are indivisible)."""
+    cfg, running, pending, now, policy = w
+    snap = _try_snapshot(cfg, running, pending)
+    if snap is None:
+        return
+    result = schedule(snap, now, policy, cfg)
+    queue_of = {j.id: j.queue for j in pending}
+    taken: dict[str, list[int]] = {}
+    for p in result.preempt:
+        victim = snap.state.running[p.job_id].job
+        if victim.queue != queue_of[p.for_job]:
+            taken.setdefault(victim.queue, []).append(victim.request.gpus)
+    for name, sizes in taken.items():
+        borrowed = borrowed_gpus(cfg.queue(name), snap.state.alloc[name])
+        assert sum(sizes) - max(sizes) < borrowed, (name, sizes, borrowed)
+
+
+def borrowed_gpus(queue, alloc) -> float:
+    return max(0.0, alloc[0] - queue.nominal.gpus)
 
 
 def _run(jobs, cfg, policy="preemptible", **opts):
