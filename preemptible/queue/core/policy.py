@@ -58,6 +58,9 @@ class Policy:
     """...also in other queues, where those run on borrowed capacity (else own queue only)."""
     victim_order: VictimOrder = VictimOrder.LEAST_LOST_WORK
     """How victims are chosen."""
+    within_borrowed: bool = False
+    """Victims of another queue come out of what it borrows when such a set frees enough
+    (preemption.py); otherwise any victim of it while it still borrows, as kueue takes them."""
     backfill: bool = False
     """Reserve capacity for the first blocked job and backfill behind it."""
     loan_backfill: bool = False
@@ -110,6 +113,7 @@ POLICIES: dict[str, Policy] = {
         tier_preemption=True,
         tier_preemption_across_queues=True,
         victim_order=VictimOrder.LEAST_LOST_WORK,
+        within_borrowed=True,
         backfill=True,
         loan_backfill=True,
         protect_min_runtime=True,

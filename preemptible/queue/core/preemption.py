@@ -21,11 +21,11 @@ notice within its grace) plus its restore. Single-node jobs compare node by node
 add victims greedily by cost per GPU; both then drop any victim the fit does not need (as kueue
 does).
 
-Victims from another queue come out of what that queue borrows: together they may not take it
-below its nominal quota. Only when no such set makes room (jobs are indivisible: a queue that
-borrows 1 GPU with one 5-GPU job) may a victim straddle the quota, and only while its queue
-still borrows before it goes, as in kueue. What a queue borrows is judged without its jobs that
-were already told to go.
+Victims from another queue come out of what that queue borrows (`Policy.within_borrowed`):
+together they may not take it below its nominal quota. Only when no such set makes room (jobs
+are indivisible: a queue that borrows 1 GPU with one 5-GPU job) may a victim straddle the
+quota, and only while its queue still borrows before it goes, which is kueue's only rule. What
+a queue borrows is judged without its jobs that were already told to go.
 """
 
 from __future__ import annotations
@@ -259,9 +259,9 @@ def _choose(job, candidates, alloc, free, pool, policy, queue, req, state, room)
         search = _whole_nodes
     else:
         search = _greedy
-    guard = _Borrowed(job.queue, room, straddle=False)
+    guard = _Borrowed(job.queue, room, straddle=not policy.within_borrowed)
     chosen, placement = search(job, candidates, free, pool, quota_ok, guard, state.node_jobs)
-    if chosen is None and guard.refused:
+    if chosen is None and guard.refused and not guard.straddle:
         guard = _Borrowed(job.queue, room, straddle=True)
         chosen, placement = search(job, candidates, free, pool, quota_ok, guard, state.node_jobs)
     if chosen is None:

@@ -38,6 +38,19 @@ def test_reclaim_takes_only_what_the_other_queue_borrows():
     assert result.preempt[0].reclaim
 
 
+def test_kueue_takes_any_victim_of_a_queue_that_still_borrows():
+    # kueue's only check: the victim's queue borrows before the victim goes. Newest first, it
+    # takes b's 4-GPU job and leaves b 3 GPUs below its nominal quota.
+    cfg = config(gpus=8, queues=TWO_QUEUES)
+    busy = [
+        running(job("b-big", queue="b", gpus=4), started=100.0),
+        running(expensive("b-small", queue="b")),
+        running(job("a-run", queue="a", gpus=3)),
+    ]
+    snap = snapshot(cfg, pending=[job("a-new", queue="a")], running_jobs=busy)
+    assert preempted(schedule(snap, NOW, POLICIES["kueue"], cfg)) == ["b-big"]
+
+
 def test_reclaim_takes_only_what_the_other_queue_borrows_on_nodes():
     # Two nodes of 4. b borrows 1 GPU; a needs 2 on one node: only node 1, by taking b's
     # expensive job there, frees them without touching b's nominal quota on node 0.
