@@ -72,8 +72,8 @@ class ClusterState:
         """GPUs held by jobs that were told to go and have not exited yet."""
         self.leaving: dict[str, list[float]] = {name: [0, 0.0, 0.0] for name in self.queues}
         """Per queue: the part of `alloc` held by jobs that were told to go. What a queue
-        borrows is judged without it, or a queue whose loan is already leaving would still
-        look like a borrower and lose work within its nominal quota."""
+        borrows is judged without it, or a queue whose borrowed job is already leaving would
+        still look like a borrower and lose work within its nominal quota."""
         self.tier_gpus: list[int] = [0, 0, 0, 0]
         """GPUs held by non-terminating running jobs, per tier rank."""
         self.loans: dict[str, int] = {}
@@ -248,7 +248,7 @@ class ClusterState:
         self, queue: str, at: float, *, preemptor: str, nodes: Placement = ()
     ) -> None:
         """Count a preemption against the victim's queue and remember the preemptor's nomination
-        (with the node GPUs its victims free for it, `Preempt.for_placement`)."""
+        (with the node GPUs its victims free for it, `Preempt.for_nodes`)."""
         log = self.recent_preemptions.setdefault(queue, deque())
         log.append(at)
         while log and log[0] < at - 3600.0:

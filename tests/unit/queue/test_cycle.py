@@ -34,6 +34,9 @@ def state_digest(snap):
             list(st.pool.free) if st.pool else None,
             list(st.ends),
             dict(st.nominated),
+            dict(st.nominated_nodes),
+            {k: list(v) for k, v in st.leaving.items()},
+            dict(st.loans),
             dict(snap.usage),
         )
     )
