@@ -454,6 +454,9 @@ def _whole_nodes(job, candidates, free, pool, quota_ok, guard, node_jobs):
         else:
             held = sum(g for c in cands for n, g in c[1].placement if n == node)
             if free_gpus + held == per:
+                # In price order: a node's jobs are a set, whose order changes with the hash
+                # seed, and the victims' order decides what a straddling quota allows.
+                cands.sort(key=lambda c: c[0])
                 priced.append((sum(c[2] for c in cands), node, cands))
     if len(priced) < need:
         return None, None

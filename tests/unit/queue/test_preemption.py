@@ -92,6 +92,28 @@ def test_two_reclaims_in_one_cycle_share_what_the_other_queue_borrows():
     assert [(p.for_job, p.job_id.startswith("b")) for p in result.preempt] == [("a-high", True)]
 
 
+def test_clearing_whole_nodes_does_not_depend_on_the_order_a_node_lists_its_jobs():
+    # Four nodes of 4. b borrows 2 GPUs with b1 and b2 on node 0; c and d use nodes 1 and 3
+    # within their quotas. a's 8-GPU job needs two whole nodes: 2 and 0. kueue may take a
+    # queue's jobs while it still borrows before each goes, so whether node 0 can be cleared
+    # depends on which of b1 and b2 is considered first: that must be price order (kueue's:
+    # newest first), not the order in which a set happens to list them.
+    queues = {"a": (1.0, 8, NO_LIMIT), "b": (1.0, 1, NO_LIMIT), "c": (1.0, 4, NO_LIMIT)}
+    cfg = config(gpus=16, nodes=4, queues={**queues, "d": (1.0, 3, NO_LIMIT)})
+    busy = [
+        RunningJob(job=job("b1", queue="b"), started_at=200.0, placement=((0, 1),)),
+        RunningJob(job=job("b2", queue="b", gpus=2), started_at=100.0, placement=((0, 2),)),
+        on(1, job("c4", queue="c", gpus=4)),
+        on(3, job("d3", queue="d", gpus=3)),
+    ]
+    outcomes = set()
+    for order in (["b1", "b2"], ["b2", "b1"]):
+        snap = snapshot(cfg, pending=[job("a-new", queue="a", gpus=8)], running_jobs=busy)
+        snap.state.node_jobs[0] = order  # as a set may list them under another hash seed
+        outcomes.add(tuple(preempted(schedule(snap, NOW, POLICIES["kueue"], cfg))))
+    assert outcomes == {("b1", "b2")}
+
+
 def test_the_queue_budget_holds_within_one_cycle():
     # One preemption left this hour: the second high-tier job must not take a second victim,
     # even though its victim search could reuse the first one's candidates.
