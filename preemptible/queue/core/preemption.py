@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 from preemptible.queue.core.config import PreemptionSettings
@@ -256,14 +257,14 @@ def _choose(job, candidates, alloc, free, pool, policy, queue, req, state, room)
     if pool is not None and 0 < req[0] <= pool.gpus_per_node:
         search = _per_node
     elif pool is not None:
-        search = _whole_nodes
+        search = partial(_whole_nodes, node_jobs=state.node_jobs)
     else:
         search = _greedy
     guard = _Borrowed(job.queue, room, straddle=not policy.within_borrowed)
-    chosen, placement = search(job, candidates, free, pool, quota_ok, guard, state.node_jobs)
+    chosen, placement = search(job, candidates, free, pool, quota_ok, guard)
     if chosen is None and guard.refused and not guard.straddle:
         guard = _Borrowed(job.queue, room, straddle=True)
-        chosen, placement = search(job, candidates, free, pool, quota_ok, guard, state.node_jobs)
+        chosen, placement = search(job, candidates, free, pool, quota_ok, guard)
     if chosen is None:
         return None
     victims = tuple(Victim(running=c[1], lost_gpu_s=c[2], grace_s=c[3], kind=c[4]) for c in chosen)
@@ -310,11 +311,21 @@ def _tally(taken: dict[str, list[float]], c, sign: int) -> None:
         t[i] += sign * r[i]
 
 
+def _all_allowed(guard: _Borrowed, victims: list, taken: dict[str, list[float]]):
+    """What victims take per queue with `victims` added, if the guard allows each in turn."""
+    trial = {q: list(t) for q, t in taken.items()}
+    for c in victims:
+        if not guard.allows(c, trial):
+            return None
+        _tally(trial, c, +1)
+    return trial
+
+
 def _fits_flat(free: Sequence[float], freed: Sequence[float], req: Sequence[float]) -> bool:
     return all(free[i] + freed[i] + 1e-9 >= req[i] for i in range(3))
 
 
-def _greedy(job, candidates, free, pool, quota_ok, guard, node_jobs):
+def _greedy(job, candidates, free, pool, quota_ok, guard):
     """Add victims cheapest-per-GPU first until the job fits, then drop the unneeded ones."""
     req = job.request.as_tuple()
     freed = [0.0, 0.0, 0.0]
@@ -387,7 +398,7 @@ class _NodeRoom:
             self.chosen.remove(c)
 
 
-def _per_node(job, candidates, free, pool, quota_ok, guard, node_jobs, *, enough_nodes: int = 8):
+def _per_node(job, candidates, free, pool, quota_ok, guard, *, enough_nodes: int = 8):
     """For a single-node job: on each node, the cheapest victims that make room; best node wins.
 
     One pass over the candidates in price order, accumulating per node; a node is complete the
@@ -434,7 +445,7 @@ def _per_node(job, candidates, free, pool, quota_ok, guard, node_jobs, *, enough
     return best[2], ((best[1], gpus),)
 
 
-def _whole_nodes(job, candidates, free, pool, quota_ok, guard, node_jobs):
+def _whole_nodes(job, candidates, free, pool, quota_ok, guard, *, node_jobs):
     """For a multi-node job: clear the cheapest nodes whose every job may be preempted."""
     req = job.request.as_tuple()
     per = pool.gpus_per_node
@@ -465,14 +476,8 @@ def _whole_nodes(job, candidates, free, pool, quota_ok, guard, node_jobs):
     taken: dict[str, list[float]] = {}
     for _, node, cands in priced:
         new = [c for c in cands if c[1].job.id not in seen]
-        trial = {q: list(t) for q, t in taken.items()}
-        ok = True
-        for c in new:
-            if not guard.allows(c, trial):
-                ok = False
-                break
-            _tally(trial, c, +1)
-        if not ok:
+        trial = _all_allowed(guard, new, taken)
+        if trial is None:
             continue
         taken = trial
         seen.update(c[1].job.id for c in new)

@@ -68,18 +68,14 @@ class ClusterState:
         self.alloc: dict[str, list[float]] = {name: [0, 0.0, 0.0] for name in self.queues}
         """Per queue: GPUs, CPUs, memory held (terminating jobs included)."""
         self.used: list[float] = [0, 0.0, 0.0]
-        self.terminating_gpus = 0
-        """GPUs held by jobs that were told to go and have not exited yet."""
         self.leaving: dict[str, list[float]] = {name: [0, 0.0, 0.0] for name in self.queues}
         """Per queue: the part of `alloc` held by jobs that were told to go. What a queue
         borrows is judged without it, or a queue whose borrowed job is already leaving would
         still look like a borrower and lose work within its nominal quota."""
         self.tier_gpus: list[int] = [0, 0, 0, 0]
         """GPUs held by non-terminating running jobs, per tier rank."""
-        self.loans: dict[str, int] = {}
-        """Reserved job id -> GPUs held on loan to it by non-terminating jobs (`loan_for`)."""
-        self._lent: dict[str, set[str]] = {}
-        """Reserved job id -> ids of the running jobs on loan to it (to end loans at its start)."""
+        self.loans: dict[str, set[str]] = {}
+        """Reserved job id -> ids of the non-terminating running jobs on loan to it (`loan_for`)."""
         self.pool: NodePool | None = (
             NodePool(cluster.nodes, cluster.gpus_per_node)
             if cluster.nodes and cluster.gpus_per_node
@@ -127,15 +123,11 @@ class ClusterState:
     def _end_loans(self, job_id: str) -> None:
         """The job the loans were made to has started (or left): they become ordinary work,
         so that it cannot take them back as loans should it be preempted and requeued."""
-        lent = self._lent.pop(job_id, None)
-        if not lent:
-            return
-        for loan_id in lent:
+        for loan_id in self.loans.pop(job_id, ()):
             running = self.running[loan_id]
             ordinary = dataclasses.replace(running, loan_for=None)
             self.running[loan_id] = ordinary
             self.running_by_queue[running.job.queue][loan_id] = ordinary
-        self.loans.pop(job_id, None)
 
     # --- running ------------------------------------------------------------------------------
 
@@ -155,8 +147,7 @@ class ClusterState:
         if not running.terminating:
             self.tier_gpus[job.tier.rank] += r.gpus
             if running.loan_for is not None:
-                self._lend(running.loan_for, r.gpus)
-                self._lent.setdefault(running.loan_for, set()).add(job.id)
+                self.loans.setdefault(running.loan_for, set()).add(job.id)
         else:
             self._leave(job, +1)
         if self.pool is not None:
@@ -165,6 +156,11 @@ class ClusterState:
                 self.node_jobs[node].add(job.id)
         bisect.insort(self.ends, (expected_end, job.id))
         self._end_of[job.id] = expected_end
+
+    @property
+    def terminating_gpus(self) -> float:
+        """GPUs held by jobs that were told to go and have not exited yet."""
+        return sum(left[0] for left in self.leaving.values())
 
     def expected_end(self, job_id: str) -> float:
         """When a running job is expected to release its resources."""
@@ -180,7 +176,7 @@ class ClusterState:
         self.running_by_queue[running.job.queue][job_id] = updated
         self.tier_gpus[running.job.tier.rank] -= running.job.request.gpus
         if running.loan_for is not None:
-            self._unlend(running)
+            self._unlend(running.loan_for, job_id)
         self._leave(running.job, +1)
         self._move_end(job_id, expected_end)
 
@@ -200,7 +196,7 @@ class ClusterState:
         if not running.terminating:
             self.tier_gpus[job.tier.rank] -= r.gpus
             if running.loan_for is not None:
-                self._unlend(running)
+                self._unlend(running.loan_for, job_id)
         else:
             self._leave(job, -1)
         if self.pool is not None:
@@ -212,26 +208,15 @@ class ClusterState:
         del self.ends[i]
         return running
 
-    def _lend(self, to: str, gpus: int) -> None:
-        left = self.loans.get(to, 0) + gpus
-        if left > 0:
-            self.loans[to] = left
-        else:
-            self.loans.pop(to, None)
-
-    def _unlend(self, running: RunningJob) -> None:
-        to = running.loan_for
-        assert to is not None
-        self._lend(to, -running.job.request.gpus)
-        lent = self._lent.get(to)
+    def _unlend(self, to: str, job_id: str) -> None:
+        lent = self.loans.get(to)
         if lent is not None:
-            lent.discard(running.job.id)
+            lent.discard(job_id)
             if not lent:
-                del self._lent[to]
+                del self.loans[to]
 
     def _leave(self, job: Job, sign: int) -> None:
         r = job.request
-        self.terminating_gpus += sign * r.gpus
         left = self.leaving[job.queue]
         left[0] += sign * r.gpus
         left[1] += sign * r.cpus

@@ -190,7 +190,7 @@ def test_loans_become_ordinary_work_when_their_job_starts():
         running_jobs=[running(job("L"), loan_for="J")],
     )
     st = snap.state
-    assert st.loans == {"J": 1}
+    assert st.loans == {"J": {"L"}}
     st.withdraw("J")  # J is admitted (or cancelled)
     assert st.loans == {}
     assert st.running["L"].loan_for is None
