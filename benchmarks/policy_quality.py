@@ -143,6 +143,8 @@ def checks(policies: dict[str, Any], judged: str = "preemptible") -> dict[str, A
         (policies[b]["overall"]["max_wait_least_served_s"] for b in quota_peers), default=None
     )
     best_util = max(policies[b]["overall"]["utilization"] for b in others)
+    single_ok = single_ratio <= 1.10
+    same_quotas_ok = least_quota is not None and least < least_quota
     return {
         "demand_ratio": o["demand_ratio"],
         "goodput_while_arriving": o["goodput_while_arriving"],
@@ -157,12 +159,12 @@ def checks(policies: dict[str, Any], judged: str = "preemptible") -> dict[str, A
         "util_vs_best_baseline": o["utilization"] / max(best_util, 1e-9),
         "single_best_p95_policy": single_best,
         "worst_p95_ratio_single_best": single_ratio,
-        "p95_single_best_ok": single_ratio <= 1.10,
+        "p95_single_best_ok": single_ok,
         "least_served_ratio_same_quotas": (
             least / max(least_quota, 1e-9) if least_quota is not None else None
         ),
-        "least_served_same_quotas_ok": least_quota is not None and least < least_quota,
-        "milder_ok": single_ratio <= 1.10 and least_quota is not None and least < least_quota,
+        "least_served_same_quotas_ok": same_quotas_ok,
+        "milder_ok": single_ok and same_quotas_ok,
     }
 
 
@@ -211,7 +213,7 @@ def hours(s: float) -> str:
     return f"{s / 3600:.1f}h"
 
 
-def markdown(results: dict[str, Any]) -> str:
+def markdown(results: dict[str, Any], peers: dict[str, dict[str, int]]) -> str:
     yes = {True: "yes", False: "**no**"}
     lines = [
         "| trace | jobs | GPUs | demand | goodput (arriving) | lost / delivered | worst queue p95 "
@@ -253,7 +255,7 @@ def markdown(results: dict[str, Any]) -> str:
         "| policy | p95 goal met | max-wait goal met | both met | no other better on both waits |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
-    for policy, n in peer_counts(results).items():
+    for policy, n in peers.items():
         lines.append(
             f"| {policy} | {n['p95_ok']} | {n['least_served_ok']} | {n['both']} "
             f"| {n['undominated']} |"
@@ -340,10 +342,11 @@ def main() -> None:
             f"{c['util_vs_best_baseline']:>10.2f}x",
             flush=True,
         )
+    peers = peer_counts(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, sort_keys=True))
     if args.markdown:
-        args.markdown.write_text(markdown(results))
+        args.markdown.write_text(markdown(results, peers))
     met = {
         k: sum(r["checks"][k] for r in results.values())
         for k in (
@@ -358,7 +361,7 @@ def main() -> None:
     }
     print(f"goals met on {len(results)} traces: " + ", ".join(f"{k} {v}" for k, v in met.items()))
     print("each policy against the other four: goals met (p95, max wait, both), undominated")
-    for policy, n in peer_counts(results).items():
+    for policy, n in peers.items():
         print(
             f"  {policy:<12} {n['p95_ok']:>3} {n['least_served_ok']:>3} {n['both']:>3}"
             f" {n['undominated']:>5}"
