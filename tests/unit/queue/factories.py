@@ -46,9 +46,23 @@ def job(
 
 
 def running(
-    j: Job, *, started: float = 0.0, ckpt: float | None = None, loan_for: str | None = None
+    j: Job,
+    *,
+    started: float = 0.0,
+    ckpt: float | None = None,
+    loan_for: str | None = None,
+    node: int | None = None,
+    terminating: bool = False,
 ) -> RunningJob:
-    return RunningJob(job=j, started_at=started, last_checkpoint_at=ckpt, loan_for=loan_for)
+    """`node`: the whole job on that node (clusters described as nodes)."""
+    return RunningJob(
+        job=j,
+        started_at=started,
+        last_checkpoint_at=ckpt,
+        loan_for=loan_for,
+        placement=((node, j.request.gpus),) if node is not None else (),
+        terminating=terminating,
+    )
 
 
 def config(

@@ -14,8 +14,8 @@ def preempted(result):
     return sorted(p.job_id for p in result.preempt)
 
 
-def on(node: int, j, gpus: int | None = None, **kw) -> RunningJob:
-    return RunningJob(job=j, started_at=0.0, placement=((node, gpus or j.request.gpus),), **kw)
+def on(node: int, j, **kw) -> RunningJob:
+    return running(j, node=node, **kw)
 
 
 def expensive(id: str, **kw):
@@ -75,7 +75,7 @@ def test_a_queue_whose_borrowed_job_is_already_leaving_is_not_reclaimed_from():
     # once it leaves, so a's 2-GPU job waits for it instead of reclaiming b's guaranteed work.
     cfg = config(gpus=8, queues=TWO_QUEUES)
     busy = [running(job(f"b{i}", queue="b")) for i in range(4)]
-    busy.append(RunningJob(job=job("b-leaving", queue="b"), started_at=0.0, terminating=True))
+    busy.append(running(job("b-leaving", queue="b"), terminating=True))
     busy.append(running(job("a-run", queue="a", gpus=2)))
     snap = snapshot(cfg, pending=[job("a-new", queue="a", gpus=2)], running_jobs=busy)
     assert preempted(schedule(snap, NOW, OURS, cfg)) == []
@@ -101,8 +101,8 @@ def test_clearing_whole_nodes_does_not_depend_on_the_order_a_node_lists_its_jobs
     queues = {"a": (1.0, 8, NO_LIMIT), "b": (1.0, 1, NO_LIMIT), "c": (1.0, 4, NO_LIMIT)}
     cfg = config(gpus=16, nodes=4, queues={**queues, "d": (1.0, 3, NO_LIMIT)})
     busy = [
-        RunningJob(job=job("b1", queue="b"), started_at=200.0, placement=((0, 1),)),
-        RunningJob(job=job("b2", queue="b", gpus=2), started_at=100.0, placement=((0, 2),)),
+        on(0, job("b1", queue="b"), started=200.0),
+        on(0, job("b2", queue="b", gpus=2), started=100.0),
         on(1, job("c4", queue="c", gpus=4)),
         on(3, job("d3", queue="d", gpus=3)),
     ]
