@@ -70,10 +70,10 @@ def by_policy(runs: list[dict[str, Any]], ours: str = "preemptible") -> dict[str
             "meets_goal": sum(v >= GOAL for v in values),
         }
         if policy != ours and ours in goodput:
-            shared = sorted(per_draw.keys() & goodput[ours].keys())
-            row["ours_higher"] = sum(goodput[ours][d] > per_draw[d] for d in shared)
+            common = sorted(per_draw.keys() & goodput[ours].keys())
+            row["ours_higher"] = sum(goodput[ours][d] > per_draw[d] for d in common)
             row["ours_ratio_median"] = statistics.median(
-                goodput[ours][d] / per_draw[d] for d in shared
+                goodput[ours][d] / per_draw[d] for d in common
             )
         out[policy] = row
     return out

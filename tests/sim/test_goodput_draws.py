@@ -1,6 +1,5 @@
 """benchmarks/goodput_draws.py: goodput over jitter draws, ours beside its peers."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,14 +10,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARK = ROOT / "benchmarks" / "goodput_draws.py"
 TIRESIAS = ROOT.parent / "shared" / "traces" / "tiresias" / "60_job.csv"
-
-
-@pytest.fixture(scope="module")
-def draws():
-    spec = importlib.util.spec_from_file_location("goodput_draws", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run(draw: int, policy: str, goodput: float) -> dict:

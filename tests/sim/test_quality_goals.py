@@ -1,19 +1,6 @@
 """How benchmarks/policy_quality.py judges a policy against the goals of issue 4."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "policy_quality.py"
-
-
-@pytest.fixture(scope="module")
-def quality():
-    spec = importlib.util.spec_from_file_location("policy_quality", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def summary(p95_by_queue: dict[str, float], least_served_max_s: float) -> dict:
