@@ -106,9 +106,6 @@ def main() -> None:
         parser.error(
             f"unknown trace {args.trace!r}; choose from {', '.join(policy_quality.TRACES)}"
         )
-    path = policy_quality.TRACES[args.trace]
-    if path is not None and not (args.shared / path).exists():
-        parser.error(f"trace file missing: {args.shared / path}; pass --shared DIR")
     policies = args.policies.split(",")
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
@@ -117,6 +114,9 @@ def main() -> None:
         parser.error("--draws must be 0 or more and --workers 1 or more")
     if not args.jitter > 0:
         parser.error(f"--jitter must be more than 0 seconds, not {args.jitter}")
+    path = policy_quality.TRACES[args.trace]
+    if path is not None and not (args.shared / path).exists():
+        parser.error(f"trace file missing: {args.shared / path}; pass --shared DIR")
 
     tasks = [(d, p) for d in range(args.draws + 1) for p in policies]
     print(f"{args.trace}: {len(tasks)} replays on {args.workers} workers", flush=True)

@@ -51,7 +51,14 @@ def test_a_real_run_replays_every_draw_under_every_policy(tmp_path):
 
 
 def test_bad_input_is_refused_with_the_choices(tmp_path):
-    cmd = [sys.executable, str(BENCHMARK), "--policies", "preemptible,nope"]
+    # Whether or not the shared traces are at hand: the arguments are checked first.
+    for shared in (tmp_path, ROOT.parent / "shared" / "traces"):
+        cmd = [sys.executable, str(BENCHMARK), "--policies", "preemptible,nope"]
+        cmd += ["--shared", str(shared)]
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert done.returncode == 2
+        assert "unknown policy nope" in done.stderr and "kueue" in done.stderr
+    cmd = [sys.executable, str(BENCHMARK), "--shared", str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 2
-    assert "unknown policy nope" in done.stderr and "kueue" in done.stderr
+    assert "trace file missing" in done.stderr and "--shared" in done.stderr
