@@ -356,6 +356,8 @@ class Simulator:
             # It completes before it would have left: no work lost, no preemption counted.
             self.state.mark_terminating(job_id, expected_end=finish_at)
             return
+        if pre.restart_on:
+            self.state.nominate(job_id, now, nodes=pre.restart_on, moving=True)
         rec.preemptions += 1
         rec.last_preempted_at = now
         rec.lost_gpu_s += lost

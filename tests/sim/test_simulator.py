@@ -107,6 +107,38 @@ def test_preemption_costs_depend_on_checkpointing(mode, at, lost):
     assert low.admitted_gpu_s == pytest.approx(10_000 + lost, rel=1e-6)
 
 
+def test_small_jobs_move_off_a_node_and_a_gang_starts_on_it():
+    # Two nodes of 8. At 1000 s the 5-GPU job on node 0 ends, leaving 5 free there beside three
+    # 1-GPU jobs and 3 free on node 1 beside a 5-GPU job: 8 free, no block of 8. Ours moves the
+    # three to node 1 (each saves 20 s and restores 20 s) and the gang starts on node 0.
+    jobs = [
+        _job("a5", 0, 1000, gpus=5, ckpt=20.0),
+        _job("b5", 0, 50_000, gpus=5, ckpt=20.0),
+        *(_job(f"s{i}", 1, 50_000, ckpt=20.0) for i in range(3)),
+        _job("gang", 1000, 3600, gpus=8, ckpt=20.0),
+    ]
+    cfg = parse_config_text(
+        "[cluster]\ngpus = 16\nnodes = 2\ngpus_per_node = 8\n"
+        "[[queues]]\nname = 'a'\nnominal = { gpus = 16 }\n"
+    )
+    opts = SimOptions(cycle_interval_s=0.0)
+    records = {
+        r.trace.job_id: r for r in Simulator(jobs, cfg, POLICIES["preemptible"], opts).run().records
+    }
+    for i in range(3):
+        small = records[f"s{i}"]
+        assert small.preemptions == 1
+        assert small.lost_gpu_s == pytest.approx(20.0 + 20.0)
+        assert [start for start, _ in small.runs] == [1.0, 1020.0]  # back after its save
+    assert records["gang"].wait_s == pytest.approx(20.0)
+    # kueue does not move: the gang waits for node 1's long jobs or the small ones to end.
+    records = {
+        r.trace.job_id: r for r in Simulator(jobs, cfg, POLICIES["kueue"], opts).run().records
+    }
+    assert records["gang"].wait_s > 40_000
+    assert all(records[f"s{i}"].preemptions == 0 for i in range(3))
+
+
 def test_utilisation_does_not_depend_on_the_order_jobs_are_given_in():
     jobs = [_job("late", 1000, 1000), _job("early", 0, 1000)]
     cfg = parse_config_text("[cluster]\ngpus = 1\n[[queues]]\nname = 'a'\nnominal = { gpus = 1 }\n")

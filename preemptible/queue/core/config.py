@@ -65,6 +65,9 @@ class PolicySettings:
     """Runtime assumed for jobs without an estimate when computing a reservation."""
     backfill_depth: int = 16
     """How many jobs of one shape a cycle looks at when searching for backfill."""
+    defragment: bool = True
+    """Move small checkpoint-aware jobs to other nodes so that a job blocked only by
+    fragmentation gets a node block (`defrag.py`; policies that have the rule)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -244,6 +247,7 @@ def _policy(raw: Any) -> PolicySettings:
         "backfill",
         "default_estimate",
         "backfill_depth",
+        "defragment",
     }
     _only(raw, keys, "policy")
     out = PolicySettings()
@@ -264,10 +268,11 @@ def _policy(raw: Any) -> PolicySettings:
         kwargs["starvation_limit_s"] = parse_duration(
             raw["starvation_limit"], key="policy.starvation_limit"
         )
-    if "backfill" in raw:
-        if not isinstance(raw["backfill"], bool):
-            raise ConfigError(f"policy.backfill: expected true or false, got {raw['backfill']!r}")
-        kwargs["backfill"] = raw["backfill"]
+    for switch in ("backfill", "defragment"):
+        if switch in raw:
+            if not isinstance(raw[switch], bool):
+                raise ConfigError(f"policy.{switch}: expected true or false, got {raw[switch]!r}")
+            kwargs[switch] = raw[switch]
     if "default_estimate" in raw:
         kwargs["default_estimate_s"] = parse_duration(
             raw["default_estimate"], key="policy.default_estimate"

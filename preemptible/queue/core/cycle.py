@@ -4,15 +4,19 @@ Phases, as in kueue's `schedule()`:
 
 1. Nominated jobs first: a job whose victims were told to go in an earlier cycle gets the
    freed capacity before anyone else, so capacity freed by preemption cannot be taken by a third
-   job (the root of preemption loops). While it waits, the free capacity it counted on is held.
+   job (the root of preemption loops). While it waits, the free capacity it counted on is held;
+   so is the new place of a moved job, from its notice until it restarts there.
    One that would now borrow, while other queues' work within nominal quota waits, takes its
-   turn in the walk instead (it would be reclaimed at once).
+   turn in the walk instead (it would be reclaimed at once); a moved job, which only changes
+   node, does not.
 2. Walk pending jobs in policy order by merging the heads of the pending groups (see
    `state.py`); fair-share keys are refreshed lazily when a queue's allocation changes.
 3. For each job: quota check (within nominal, borrowing, or over the limit); capacity and
    placement check; if it fits, admit it (as backfill when a reservation exists and it does not
    delay it, or on loan when it would but checkpoints on notice: the reserved job may preempt it
-   later). If it does not fit, try preemption (reclaim, lower tier, or, for the job the
+   later). If it does not fit, a job ahead of any reservation that fits by count, only not on
+   one node block, may move a few small jobs to other nodes (`defrag.py`); else try preemption
+   (reclaim, lower tier, or, for the job the
    reservation is for, loans; a first reclaim waits for capacity to free on its own while the
    one-grace guarantee allows, `patience.py`); failing that, a strict
    policy stops here, a backfilling one reserves capacity for this job and continues with the
@@ -47,6 +51,7 @@ from preemptible.queue.core.backfill import (
     plan_reservation,
 )
 from preemptible.queue.core.config import QueueConfig
+from preemptible.queue.core.defrag import find_moves
 from preemptible.queue.core.fair_share import dominant_share, fair_share_value, weight_fractions
 from preemptible.queue.core.model import Admit, CycleResult, Job, Preempt, Reserve, Tier
 from preemptible.queue.core.patience import BORROWER_BLOCKED, ReclaimPatience
@@ -164,14 +169,24 @@ class _Cycle:
         for job_id, at in list(st.nominated.items()):  # oldest first
             if self.free[0] <= 0:
                 break  # nothing to admit or hold; later cycles will see the freed capacity
+            if self.now - at > window:
+                continue
             job = st.pending.get(job_id)
-            if job is None or self.now - at > window:
+            moving = job_id in st.moving
+            if job is None:
+                running = st.running.get(job_id)
+                if moving and running is not None:  # still saving: its new place waits for it
+                    self._hold(running.job, st.nominated_nodes.get(job_id, ()))
                 continue
             self.examined += 1
             verdict = self._quota(job)
             if verdict is QuotaVerdict.OVER_LIMIT:
                 continue
-            if verdict is QuotaVerdict.BORROWING and self.reclaimer_rank[job.queue] < _NO_RECLAIMER:
+            if (
+                verdict is QuotaVerdict.BORROWING
+                and not moving  # a moved job only changes node
+                and self.reclaimer_rank[job.queue] < _NO_RECLAIMER
+            ):
                 # Its queue filled its nominal quota meanwhile: started now it would borrow, and
                 # other queues' pending work within nominal quota would reclaim it at once (and
                 # it, requeued, would reclaim back). It takes its turn in the walk instead.
@@ -287,7 +302,10 @@ class _Cycle:
         if (
             self.plans_left > 0
             and job.id not in self.st.nominated
-            and self._maybe_preempt(job, verdict)
+            and (
+                self._maybe_move(job)
+                or (self.plans_left > 0 and self._maybe_preempt(job, verdict))  # moves count too
+            )
         ):
             return "skip"
         if self.policy.head_of_line:
@@ -534,6 +552,59 @@ class _Cycle:
         self._hold(job, plan.placement or ())
         self.reasons[job.id] = (
             f"pending: preempting {', '.join(names)} to make room; starts when they exit"
+        )
+        return True
+
+    def _maybe_move(self, job: Job) -> bool:
+        """Move small jobs off a node for a job ahead of any reservation that fits by count
+        alone (`defrag.py`)."""
+        if not (self.policy.defragment and self.config.policy.defragment):
+            return False
+        if self.pool is None or self.reservation is not None:
+            return False
+        req = job.request.as_tuple()
+        if any(req[i] > self.free[i] + 1e-9 for i in range(3)):
+            return False
+        self.plans_left -= 1
+        plan = find_moves(
+            job,
+            now=self.now,
+            state=self.st,
+            pool=self.pool,
+            policy=self.policy,
+            settings=self.config.preemption,
+            taken=self.taken,
+            budget_used=self.budget_used,
+        )
+        if plan is None:
+            return False
+        names = []
+        for move in plan.moves:
+            vjob = move.running.job
+            self.budget_used[vjob.queue] = self.budget_used.get(vjob.queue, 0) + 1
+            self.taken.add(vjob.id)
+            names.append(vjob.id)
+            where = ", ".join(f"node {n}" for n, _ in move.restart_on)
+            self.preempts.append(
+                Preempt(
+                    job_id=vjob.id,
+                    grace_s=move.grace_s,
+                    for_job=job.id,
+                    lost_gpu_s=move.lost_gpu_s,
+                    for_nodes=plan.placement,
+                    restart_on=move.restart_on,
+                    reason=(
+                        f"preempted: moves to {where} so that {job.id} gets a node block; "
+                        f"restarts there once saved; expected loss {move.lost_gpu_s:.0f} GPU-s"
+                    ),
+                )
+            )
+            self._hold(vjob, move.restart_on)
+        self.candidate_cache.clear()
+        self._hold(job, plan.placement)
+        self.reasons[job.id] = (
+            f"pending: moving {', '.join(names)} to other nodes to make a node block for it; "
+            "starts when they have saved"
         )
         return True
 

@@ -236,6 +236,9 @@ class Preempt:
     for_nodes: tuple[tuple[int, int], ...] = ()
     """(node, GPUs) where `for_job` is to start once its victims exit, when the cluster has
     nodes: held for it meanwhile, so that a third job cannot take them."""
+    restart_on: tuple[tuple[int, int], ...] = ()
+    """A move (`defrag.py`): (node, GPUs) where this job restarts at once after it has saved,
+    held for it meanwhile. Empty for every other preemption."""
     reason: str = ""
 
 

@@ -87,6 +87,9 @@ class Policy:
     nominal quota of the same tier, or of a lower tier (then in that tier), as kueue orders
     work within nominal quota first. Capacity given to it first would be reclaimed at once,
     for a lost save and restore. A queue's own work does not demote its borrowers."""
+    defragment: bool = False
+    """With nodes, a blocked job ahead of the reservation that fits by count but finds no node
+    block may move a few small checkpoint-aware jobs to other nodes to get one (`defrag.py`)."""
     patient_reclaim: bool = False
     """A job within nominal quota that could start only by reclaiming first waits for capacity
     to free on its own, for as long as the one-grace guarantee leaves room (patience.py):
@@ -121,6 +124,7 @@ POLICIES: dict[str, Policy] = {
         negotiated_grace=True,
         nominal_first=True,
         patient_reclaim=True,
+        defragment=True,
     ),
 }
 """The built-in policies by name; `preemptible` is ours, the others are baselines."""

@@ -91,6 +91,8 @@ class ClusterState:
         """Preemptor job id -> when its victims were told to go (oldest first)."""
         self.nominated_nodes: dict[str, Placement] = {}
         """Preemptor job id -> the node GPUs its victims are freeing for it (with nodes)."""
+        self.moving: set[str] = set()
+        """Nominated jobs that are moving (`Preempt.restart_on`): held from notice to restart."""
         self.preemption_backoff: dict[tuple[str, int, int], float] = {}
         """(queue, tier rank, gpus) -> no victim search before this time (a recent one failed)."""
 
@@ -117,6 +119,7 @@ class ClusterState:
             del self.groups[key]
         self.nominated.pop(job_id, None)
         self.nominated_nodes.pop(job_id, None)
+        self.moving.discard(job_id)
         self._end_loans(job_id)
         return job
 
@@ -238,10 +241,17 @@ class ClusterState:
         log.append(at)
         while log and log[0] < at - 3600.0:
             log.popleft()
-        self.nominated.pop(preemptor, None)
-        self.nominated[preemptor] = at
+        self.nominate(preemptor, at, nodes=nodes)
+
+    def nominate(self, job_id: str, at: float, *, nodes: Placement = (), moving: bool = False):
+        """`job_id` gets the capacity freed for it (on `nodes`) before anyone else; `moving`:
+        it is itself a moved job, held for from its notice until it restarts."""
+        self.nominated.pop(job_id, None)
+        self.nominated[job_id] = at
         if nodes:
-            self.nominated_nodes[preemptor] = nodes
+            self.nominated_nodes[job_id] = nodes
+        if moving:
+            self.moving.add(job_id)
 
     def expire_nominations(self, before: float) -> None:
         """Forget nominations made before `before` (their victims have long exited)."""
@@ -252,6 +262,7 @@ class ClusterState:
                 break
             del nominated[job_id]
             self.nominated_nodes.pop(job_id, None)
+            self.moving.discard(job_id)
 
     def note_failed_preemptions(self, keys, until: float) -> None:
         """Back off victim searches for these (queue, tier rank, gpus) keys until `until`."""
@@ -279,6 +290,7 @@ def build_snapshot(
     recent_preemptions: Mapping[str, Iterable[float]] | None = None,
     nominated: Mapping[str, float] | None = None,
     nominated_nodes: Mapping[str, Placement] | None = None,
+    moving: Iterable[str] = (),
     default_estimate_s: float = 4 * 3600.0,
 ) -> Snapshot:
     """A snapshot from plain lists (for tests, tools and the service's first load).
@@ -300,4 +312,5 @@ def build_snapshot(
         state.recent_preemptions[name] = deque(sorted(times))
     state.nominated.update(nominated or {})
     state.nominated_nodes.update(nominated_nodes or {})
+    state.moving.update(moving)
     return Snapshot(state=state, usage=dict(usage or {}))

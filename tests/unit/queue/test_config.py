@@ -13,6 +13,7 @@ fair_share_half_life = "7d"
 aging = "1h"
 starvation_limit = "3d"
 backfill = false
+defragment = false
 [preemption]
 grace_safety = 2.0
 grace_margin = "5s"
@@ -63,6 +64,7 @@ def test_full_config_parses_every_key():
     assert cfg.cluster.gpus == 16 and cfg.cluster.nodes == 2 and cfg.cluster.gpus_per_node == 8
     assert cfg.policy.fair_share_half_life_s == 7 * 86400
     assert cfg.policy.aging_s == 3600 and cfg.policy.backfill is False
+    assert cfg.policy.defragment is False
     assert cfg.policy.starvation_limit_s == 3 * 86400
     p = cfg.preemption
     assert (p.grace_safety, p.grace_margin_s, p.grace_min_s, p.grace_max_s) == (2.0, 5, 20, 300)
@@ -102,6 +104,7 @@ def test_auto_gpus_is_left_to_the_shell():
         ("[cluster]\ngpus = 8\n[preemption]\ngrace_min='5m'\ngrace_max='1m'\n", "swap them"),
         ("[cluster]\ngpus = 8\n[[queues]]\nname='a'\nnominal={gpu=2}\n", "unknown key 'gpu'"),
         ("[cluster\ngpus = 8\n", "not valid TOML"),
+        ("[cluster]\ngpus = 8\n[policy]\ndefragment = 'yes'\n", "policy.defragment: expected true"),
     ],
     ids=[
         "typo",
@@ -116,6 +119,7 @@ def test_auto_gpus_is_left_to_the_shell():
         "grace-swapped",
         "resource-typo",
         "toml-syntax",
+        "defragment-not-bool",
     ],
 )
 def test_invalid_configs_name_the_problem(text, message):

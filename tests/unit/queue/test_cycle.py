@@ -35,6 +35,7 @@ def state_digest(snap):
             list(st.ends),
             dict(st.nominated),
             dict(st.nominated_nodes),
+            sorted(st.moving),
             {k: list(v) for k, v in st.leaving.items()},
             dict(st.loans),
             dict(snap.usage),

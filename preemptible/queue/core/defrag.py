@@ -1,0 +1,157 @@
+"""Moving small jobs off a node so that a blocked job gets a node block. Chooses; moves nothing.
+
+With nodes, enough GPUs can be free by count while no node has the block a job needs: 3 free on
+one node and 5 on another do not start an 8-GPU job, and the GPUs idle until enough jobs on one
+node end (hours, on a busy cluster). When the job at the head of the line is blocked only by
+that, a few small jobs on the node it would use can move instead: each saves on notice, exits,
+and restarts at once on GPUs held for it on another node. A move costs the moved job a save and
+a restore (as a preemption does), and buys the blocked job its start now.
+
+Only jobs that save on notice within their grace move (a move loses nothing else), once they
+have run their minimum runtime, outside the cooldown and within their queue's hourly budget,
+and never a higher tier than the job they make room for. Together they may hold at most half
+the GPUs the blocked job needs: moving more costs more than it wins, and every moved job must
+fit, best fit, on the GPUs free elsewhere now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from preemptible.queue.core.config import PreemptionSettings
+from preemptible.queue.core.model import _TIER_RANK as _RANK
+from preemptible.queue.core.model import Job, RunningJob
+from preemptible.queue.core.placement import NodePool, Placement
+from preemptible.queue.core.policy import Policy
+from preemptible.queue.core.preemption import (
+    _min_runtime_end,
+    queue_budget_left,
+    victim_grace_s,
+)
+from preemptible.queue.core.state import ClusterState
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Move:
+    """One job to move: where it restarts, and what the move costs."""
+
+    running: RunningJob
+    restart_on: Placement
+    lost_gpu_s: float
+    grace_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MovePlan:
+    """Jobs whose move gives the blocked job `placement`."""
+
+    moves: tuple[Move, ...]
+    placement: Placement
+
+
+def find_moves(
+    job: Job,
+    *,
+    now: float,
+    state: ClusterState,
+    pool: NodePool,
+    policy: Policy,
+    settings: PreemptionSettings,
+    taken: set[str],
+    budget_used: Mapping[str, int],
+) -> MovePlan | None:
+    """The cheapest moves that give `job` a node block now, or None when there are none.
+
+    `pool`: free GPUs per node after this cycle's decisions so far (read, not changed).
+    `taken`: jobs already chosen as victims in this cycle.
+    """
+    per = pool.gpus_per_node
+    gpus = int(job.request.gpus)
+    if gpus > per and gpus % per:
+        return None  # a remainder beside whole nodes: rare, and left to wait
+    need = min(gpus, per)
+    nodes_wanted = max(1, gpus // per)
+    limit = gpus // 2
+    budgets: dict[str, int] = {}
+
+    def movable(rj: RunningJob) -> bool:
+        vjob = rj.job
+        if rj.terminating or vjob.id in taken or len(rj.placement) != 1:
+            return False
+        if _RANK[vjob.tier] > job.tier.rank or not vjob.checkpoint_on_notice:
+            return False
+        if vjob.save_s > victim_grace_s(vjob, policy, settings):
+            return False
+        if policy.protect_min_runtime and now < _min_runtime_end(rj, settings):
+            return False
+        if policy.anti_thrashing:
+            last = vjob.last_preempted_at
+            if last is not None and now - last < settings.cooldown_s:
+                return False
+            q = vjob.queue
+            if q not in budgets:
+                budgets[q] = queue_budget_left(state, q, now, settings, budget_used.get(q, 0))
+            if budgets[q] <= 0:
+                return False
+        return True
+
+    # Per node short of `need`: the jobs to move, smallest first (for a whole node, all of them).
+    options: list[tuple[int, int, list[RunningJob]]] = []
+    empty: list[int] = []
+    for node, free in enumerate(pool.free):
+        if free >= need:
+            if free == per:
+                empty.append(node)
+            continue
+        if need - free > limit:
+            continue
+        jobs = sorted(
+            (state.running[j] for j in state.node_jobs[node]),
+            key=lambda rj: (rj.job.request.gpus, rj.job.id),
+        )
+        chosen, room = [], free
+        for rj in jobs:
+            if room >= need:
+                break
+            if movable(rj):
+                chosen.append(rj)
+                room += int(rj.job.request.gpus)
+        if room >= need and sum(int(rj.job.request.gpus) for rj in chosen) <= limit:
+            options.append((room - free, node, chosen))
+    if not options or len(empty) >= nodes_wanted:
+        return None
+    options.sort(key=lambda o: (o[0], o[1]))
+    targets = {n: need for n in empty[: nodes_wanted - 1]} if nodes_wanted > 1 else {}
+    test = pool.copy()
+    moves: list[Move] = []
+    moved_gpus = 0
+    for gpus_moved, node, chosen in options:
+        if len(targets) == nodes_wanted:
+            break
+        if moved_gpus + gpus_moved > limit or test.free[node] != pool.free[node]:
+            continue  # over the limit, or an earlier move's job lands on this node
+        trial = test.copy()
+        avoid = {*targets, node}
+        planned = []
+        for rj in sorted(chosen, key=lambda r: (-r.job.request.gpus, r.job.id)):
+            where = trial.find(int(rj.job.request.gpus), avoid=avoid)
+            if where is None:
+                break
+            trial.take(where)
+            planned.append(_move(rj, where, policy, settings))
+        else:
+            test = trial
+            targets[node] = need
+            moves.extend(planned)
+            moved_gpus += gpus_moved
+    if len(targets) < nodes_wanted or not moves:
+        return None
+    return MovePlan(moves=tuple(moves), placement=tuple(sorted(targets.items())))
+
+
+def _move(rj: RunningJob, where: Placement, policy: Policy, settings: PreemptionSettings) -> Move:
+    vjob = rj.job
+    lost = max(vjob.request.gpus, 1) * (vjob.save_s + vjob.restore_s)
+    grace = victim_grace_s(vjob, policy, settings)
+    return Move(running=rj, restart_on=where, lost_gpu_s=lost, grace_s=grace)
