@@ -139,6 +139,27 @@ def test_small_jobs_move_off_a_node_and_a_gang_starts_on_it():
     assert all(records[f"s{i}"].preemptions == 0 for i in range(3))
 
 
+def test_a_moved_job_restarts_on_the_place_held_for_it_not_on_the_node_it_left():
+    # Two jobs move off node 0 with saves of 10 s and 100 s. The first is back after 10 s,
+    # when node 0 is its best fit again: it must take the GPUs held for it on node 1.
+    jobs = [
+        _job("a4", 0, 2000, gpus=4, ckpt=10.0),
+        _job("ma", 0.1, 50_000, gpus=2, ckpt=10.0),
+        _job("mb", 0.2, 50_000, gpus=2, ckpt=100.0),
+        _job("w1", 0.3, 50_000, tier="high", ckpt=10.0),
+        _job("gang", 2000, 3600, gpus=8, ckpt=10.0),
+    ]
+    cfg = parse_config_text(
+        "[cluster]\ngpus = 16\nnodes = 2\ngpus_per_node = 8\n"
+        "[[queues]]\nname = 'a'\nnominal = { gpus = 16 }\n"
+    )
+    opts = SimOptions(cycle_interval_s=0.0)
+    result = Simulator(jobs, cfg, POLICIES["preemptible"], opts).run()
+    records = {r.trace.job_id: r for r in result.records}
+    assert records["gang"].wait_s == pytest.approx(100.0)  # the slower save
+    assert records["ma"].preemptions == records["mb"].preemptions == 1
+
+
 def test_utilisation_does_not_depend_on_the_order_jobs_are_given_in():
     jobs = [_job("late", 1000, 1000), _job("early", 0, 1000)]
     cfg = parse_config_text("[cluster]\ngpus = 1\n[[queues]]\nname = 'a'\nnominal = { gpus = 1 }\n")

@@ -176,7 +176,7 @@ class _Cycle:
             if job is None:
                 running = st.running.get(job_id)
                 if moving and running is not None:  # still saving: its new place waits for it
-                    self._hold(running.job, st.nominated_nodes.get(job_id, ()))
+                    self._hold_nodes(st.nominated_nodes.get(job_id, ()))
                 continue
             self.examined += 1
             verdict = self._quota(job)
@@ -191,7 +191,7 @@ class _Cycle:
                 # other queues' pending work within nominal quota would reclaim it at once (and
                 # it, requeued, would reclaim back). It takes its turn in the walk instead.
                 continue
-            placement = self._place(job)
+            placement = self._place(job, on=st.nominated_nodes.get(job_id) if moving else None)
             if placement is not None:
                 self._admit(job, placement, verdict, "admitted: capacity freed by preemption")
             else:
@@ -302,10 +302,7 @@ class _Cycle:
         if (
             self.plans_left > 0
             and job.id not in self.st.nominated
-            and (
-                self._maybe_move(job)
-                or (self.plans_left > 0 and self._maybe_preempt(job, verdict))  # moves count too
-            )
+            and (self._maybe_move(job) or self._maybe_preempt(job, verdict))
         ):
             return "skip"
         if self.policy.head_of_line:
@@ -330,13 +327,16 @@ class _Cycle:
             return QuotaVerdict.WITHIN_NOMINAL
         return check_quota(self.st.queues[job.queue], self.alloc[job.queue], job.request.as_tuple())
 
-    def _place(self, job: Job) -> Placement | None:
+    def _place(self, job: Job, *, on: Placement | None = None) -> Placement | None:
+        """Where `job` fits now: best fit, or `on` (a moved job's new place) while it is free."""
         req = job.request.as_tuple()
         free = self.free
         if req[0] > free[0] or req[1] > free[1] + 1e-9 or req[2] > free[2] + 1e-9:
             return None
         if self.pool is None:
             return ()
+        if on and all(self.pool.free[n] >= g for n, g in on):
+            return on
         return self.pool.find(int(req[0]))
 
     def _backfill_placement(
@@ -565,7 +565,8 @@ class _Cycle:
         req = job.request.as_tuple()
         if any(req[i] > self.free[i] + 1e-9 for i in range(3)):
             return False
-        self.plans_left -= 1
+        if job.request.gpus <= self.incoming:
+            return False  # preempted jobs are about to free as much: their nodes may do
         plan = find_moves(
             job,
             now=self.now,
@@ -577,8 +578,9 @@ class _Cycle:
             budget_used=self.budget_used,
         )
         if plan is None:
-            return False
-        names = []
+            return False  # a search that finds nothing costs no plan: the job may still preempt
+        self.plans_left -= 1
+        names: list[str] = []
         for move in plan.moves:
             vjob = move.running.job
             self.budget_used[vjob.queue] = self.budget_used.get(vjob.queue, 0) + 1
@@ -599,14 +601,23 @@ class _Cycle:
                     ),
                 )
             )
-            self._hold(vjob, move.restart_on)
+            self._hold_nodes(move.restart_on)
         self.candidate_cache.clear()
-        self._hold(job, plan.placement)
+        self._hold_nodes(plan.placement)  # the rest of its block is the moved jobs' GPUs
         self.reasons[job.id] = (
             f"pending: moving {', '.join(names)} to other nodes to make a node block for it; "
             "starts when they have saved"
         )
         return True
+
+    def _hold_nodes(self, nodes: Placement) -> None:
+        """Hold the GPUs free now on `nodes` (for a move), by count exactly what is taken: the
+        rest of the block is GPUs that moved jobs still hold, which no one else can take."""
+        hold = [(n, min(g, self.pool.free[n])) for n, g in nodes]
+        hold = [(n, g) for n, g in hold if g > 0]
+        self.pool.take(hold)
+        self.free[0] -= sum(g for _, g in hold)
+        self._use_held_nodes(hold)
 
     def _hold(self, job: Job, nodes: Placement) -> None:
         """Hold what is free now for a preemptor, by count and on the nodes its victims free,

@@ -20,15 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from preemptible.queue.core.config import PreemptionSettings
-from preemptible.queue.core.model import _TIER_RANK as _RANK
 from preemptible.queue.core.model import Job, RunningJob
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.policy import Policy
-from preemptible.queue.core.preemption import (
-    _min_runtime_end,
-    queue_budget_left,
-    victim_grace_s,
-)
+from preemptible.queue.core.preemption import min_runtime_end, queue_budget_left, victim_grace_s
 from preemptible.queue.core.state import ClusterState
 
 
@@ -79,11 +74,11 @@ def find_moves(
         vjob = rj.job
         if rj.terminating or vjob.id in taken or len(rj.placement) != 1:
             return False
-        if _RANK[vjob.tier] > job.tier.rank or not vjob.checkpoint_on_notice:
+        if vjob.tier.rank > job.tier.rank or not vjob.checkpoint_on_notice:
             return False
         if vjob.save_s > victim_grace_s(vjob, policy, settings):
             return False
-        if policy.protect_min_runtime and now < _min_runtime_end(rj, settings):
+        if policy.protect_min_runtime and now < min_runtime_end(rj, settings):
             return False
         if policy.anti_thrashing:
             last = vjob.last_preempted_at
@@ -96,31 +91,38 @@ def find_moves(
                 return False
         return True
 
-    # Per node short of `need`: the jobs to move, smallest first (for a whole node, all of them).
+    # Per node short of `need`: the jobs to move (for a whole node, all of them).
     options: list[tuple[int, int, list[RunningJob]]] = []
     empty: list[int] = []
+    draining = 0  # nodes that will have room once jobs already told to go have exited
     for node, free in enumerate(pool.free):
         if free >= need:
             if free == per:
                 empty.append(node)
             continue
+        leaving = sum(
+            g
+            for j in state.node_jobs[node]
+            if state.running[j].terminating
+            for n, g in state.running[j].placement
+            if n == node
+        )
+        if free + leaving >= need:
+            draining += 1
+            continue
         if need - free > limit:
             continue
-        jobs = sorted(
-            (state.running[j] for j in state.node_jobs[node]),
+        movable_here = sorted(
+            (rj for j in state.node_jobs[node] if movable(rj := state.running[j])),
             key=lambda rj: (rj.job.request.gpus, rj.job.id),
         )
-        chosen, room = [], free
-        for rj in jobs:
-            if room >= need:
-                break
-            if movable(rj):
-                chosen.append(rj)
-                room += int(rj.job.request.gpus)
-        if room >= need and sum(int(rj.job.request.gpus) for rj in chosen) <= limit:
-            options.append((room - free, node, chosen))
-    if not options or len(empty) >= nodes_wanted:
-        return None
+        chosen = _fewest_gpus(movable_here, need - free)
+        if chosen is not None:
+            moved = sum(int(rj.job.request.gpus) for rj in chosen)
+            if moved <= limit:
+                options.append((moved, node, chosen))
+    if not options or len(empty) + draining >= nodes_wanted:
+        return None  # nothing to move, or no need: enough nodes are free or about to be
     options.sort(key=lambda o: (o[0], o[1]))
     targets = {n: need for n in empty[: nodes_wanted - 1]} if nodes_wanted > 1 else {}
     test = pool.copy()
@@ -155,3 +157,21 @@ def _move(rj: RunningJob, where: Placement, policy: Policy, settings: Preemption
     lost = max(vjob.request.gpus, 1) * (vjob.save_s + vjob.restore_s)
     grace = victim_grace_s(vjob, policy, settings)
     return Move(running=rj, restart_on=where, lost_gpu_s=lost, grace_s=grace)
+
+
+def _fewest_gpus(jobs: list[RunningJob], short: int) -> list[RunningJob] | None:
+    """Jobs (sorted smallest first) freeing at least `short` GPUs, few GPUs moved: the smallest
+    first until enough, or one job alone if that moves fewer. None if all of them fall short."""
+    chosen: list[RunningJob] = []
+    room = 0
+    for rj in jobs:
+        if room >= short:
+            break
+        chosen.append(rj)
+        room += int(rj.job.request.gpus)
+    if room < short:
+        return None
+    alone = next((rj for rj in jobs if rj.job.request.gpus >= short), None)
+    if alone is not None and alone.job.request.gpus < room:
+        return [alone]
+    return chosen

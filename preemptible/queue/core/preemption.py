@@ -168,7 +168,7 @@ def find_victims(
             tier_ok = tier_q and _RANK[vjob.tier] < rank
             loan_ok = loan_q and _on_loan_to(rj, job)
             if (tier_ok or loan_ok) and policy.protect_min_runtime:
-                ran_enough = now >= _min_runtime_end(rj, settings)
+                ran_enough = now >= min_runtime_end(rj, settings)
                 tier_ok, loan_ok = tier_ok and ran_enough, loan_ok and ran_enough
             if tier_ok and policy.anti_thrashing:
                 last = vjob.last_preempted_at
@@ -220,7 +220,7 @@ def loans_due(
             continue  # work within its queue's nominal quota is never taken back
         for rj in running.values():
             if not rj.terminating and _on_loan_to(rj, job):
-                back = _min_runtime_end(rj, settings) if policy.protect_min_runtime else now
+                back = min_runtime_end(rj, settings) if policy.protect_min_runtime else now
                 due[rj.job.id] = max(now, back)
     return due
 
@@ -230,7 +230,8 @@ def _on_loan_to(rj: RunningJob, job: Job) -> bool:
     return rj.loan_for == job.id and rj.job.tier.rank <= job.tier.rank
 
 
-def _min_runtime_end(rj: RunningJob, settings: PreemptionSettings) -> float:
+def min_runtime_end(rj: RunningJob, settings: PreemptionSettings) -> float:
+    """When `rj` has run its negotiated minimum runtime (before that, only reclaim takes it)."""
     return rj.started_at + min_runtime_seconds(rj.job.save_s, rj.job.restore_s, settings)
 
 

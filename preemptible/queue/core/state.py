@@ -243,7 +243,9 @@ class ClusterState:
             log.popleft()
         self.nominate(preemptor, at, nodes=nodes)
 
-    def nominate(self, job_id: str, at: float, *, nodes: Placement = (), moving: bool = False):
+    def nominate(
+        self, job_id: str, at: float, *, nodes: Placement = (), moving: bool = False
+    ) -> None:
         """`job_id` gets the capacity freed for it (on `nodes`) before anyone else; `moving`:
         it is itself a moved job, held for from its notice until it restarts."""
         self.nominated.pop(job_id, None)

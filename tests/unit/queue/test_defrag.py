@@ -1,5 +1,7 @@
 """Moves: small jobs leave a node so that a job blocked only by fragmentation gets a block."""
 
+import dataclasses
+
 import pytest
 
 from preemptible.queue.core import POLICIES, schedule
@@ -179,3 +181,57 @@ def test_a_moved_job_that_would_borrow_still_restarts_first():
     # The same job requeued after an ordinary preemption waits its turn behind b's.
     result = schedule(snapshot(cfg, pending=pending, **kw), NOW, OURS, cfg)
     assert [a.job_id for a in result.admit] == ["b-new"]
+
+
+def test_a_move_holds_only_the_free_gpus_of_the_block_so_others_still_start():
+    # Node 0: a movable 3-GPU job (5 free); node 1: 3 free; node 2: 2 free. The gang's block is
+    # node 0's 5 free GPUs plus the mover's 3, which nobody else can take anyway: the 2-GPU job
+    # behind it still starts on node 2.
+    cfg = config(gpus=24, nodes=3, queues={"a": (1.0, 24, NO_LIMIT)})
+    busy = [
+        running(job("m3", gpus=3), node=0),
+        running(job("y5", gpus=5, aware=False), node=1),
+        running(job("z6", gpus=6, aware=False), node=2),
+    ]
+    pending = [job("gang", gpus=8, at=NOW), job("c2", gpus=2, at=NOW + 1)]
+    result = schedule(snapshot(cfg, pending=pending, running_jobs=busy), NOW, OURS, cfg)
+    assert [(p.job_id, p.restart_on) for p in result.preempt] == [("m3", ((1, 3),))]
+    assert [(a.job_id, a.placement) for a in result.admit] == [("c2", ((2, 2),))]
+
+
+def test_one_bigger_job_moves_when_that_moves_fewer_gpus_than_the_smallest_first():
+    # A 6-GPU job: node 0 has 4 free beside a 1-GPU and a 3-GPU job, node 1 has 3 free. The
+    # smallest first would move 1 + 3 = 4 GPUs (over the limit of 3); the 3-GPU job alone does.
+    cfg = config(gpus=16, nodes=2, queues=ONE_QUEUE)
+    busy = [
+        running(job("one"), node=0),
+        running(job("three", gpus=3), node=0),
+        running(job("five", gpus=5, aware=False), node=1),
+    ]
+    snap = snapshot(cfg, pending=[job("six", gpus=6, at=NOW)], running_jobs=busy)
+    result = schedule(snap, NOW, OURS, cfg)
+    assert [(p.job_id, p.restart_on) for p in result.preempt] == [("three", ((1, 3),))]
+
+
+def test_no_move_when_a_node_is_about_to_be_free():
+    # Node 0's only job is already leaving: in a moment node 0 is whole, so node 1's three
+    # small jobs stay where they are.
+    cfg = config(gpus=16, nodes=2, queues=ONE_QUEUE)
+    busy = [running(job("v4", gpus=4), node=0, terminating=True)]
+    busy += [running(job(f"s{i}"), node=1) for i in range(3)]
+    snap = snapshot(cfg, pending=[job("gang", gpus=8, at=NOW)], running_jobs=busy)
+    assert not schedule(snap, NOW, OURS, cfg).preempt
+
+
+def test_a_search_that_finds_no_move_leaves_the_last_victim_search_to_preemption():
+    # One victim search per cycle. j is within a's nominal quota and blocked only by
+    # fragmentation (3 + 3 free); no move is possible (b's jobs are 5 GPUs, over half of 4),
+    # so the one search goes to reclaim, which waits patiently for capacity first.
+    cfg = config(gpus=16, nodes=2, queues={"a": (1.0, 8, 16), "b": (1.0, 8, 16)})
+    busy = [
+        running(job("b0", queue="b", gpus=5), node=0, started=NOW - 10),
+        running(job("b1", queue="b", gpus=5), node=1, started=NOW - 10),
+    ]
+    snap = snapshot(cfg, pending=[job("j", queue="a", gpus=4, at=NOW)], running_jobs=busy)
+    one_search = dataclasses.replace(OURS, max_preemption_plans=1)
+    assert "before reclaiming what b0 borrowed" in schedule(snap, NOW, one_search, cfg).pending["j"]
