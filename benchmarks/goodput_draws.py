@@ -16,6 +16,7 @@ draw by draw.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -36,9 +37,15 @@ GOAL = 0.90
 """Goodput while arriving that issue 4 asks for where demand exceeds supply."""
 
 
+@functools.cache
+def _load(trace: str, shared: Path):
+    """The trace, imported once per worker process (every replay of a worker reads the same)."""
+    return policy_quality.load(trace, shared)
+
+
 def replay(trace: str, shared: Path, draw: int, jitter_s: float, policy: str) -> dict[str, Any]:
     """One policy on one draw of the trace (draw 0: as recorded)."""
-    jobs, cfg_text = policy_quality.load(trace, shared)
+    jobs, cfg_text = _load(trace, shared)
     if draw:
         jobs = policy_quality.jittered(jobs, jitter_s, draw)
     started = time.perf_counter()

@@ -57,7 +57,7 @@ from preemptible.queue.core.model import Admit, CycleResult, Job, Preempt, Reser
 from preemptible.queue.core.patience import BORROWER_BLOCKED, ReclaimPatience
 from preemptible.queue.core.placement import Placement
 from preemptible.queue.core.policy import Ordering, Policy
-from preemptible.queue.core.preemption import find_victims, loans_due, victim_grace_s
+from preemptible.queue.core.preemption import find_victims, loans_due, saves_within_grace
 from preemptible.queue.core.quota import QuotaVerdict, check_quota, describe_limit, is_borrowing
 from preemptible.queue.core.state import GroupKey, Snapshot
 
@@ -403,9 +403,9 @@ class _Cycle:
         """Whether `job` may start on loan ahead of the reservation: it saves on notice within
         its grace (so taking it back costs a save and a restore) and was not preempted within
         the cooldown."""
-        if not (self.policy.loan_backfill and job.checkpoint_on_notice):
+        if not self.policy.loan_backfill:
             return False
-        if job.save_s > victim_grace_s(job, self.policy, self.config.preemption):
+        if not saves_within_grace(job, self.policy, self.config.preemption):
             return False
         last = job.last_preempted_at
         return last is None or self.now - last >= self.config.preemption.cooldown_s
@@ -517,8 +517,7 @@ class _Cycle:
         ran = "; ran past its minimum runtime" if self.policy.protect_min_runtime else ""
         for v in plan.victims:
             vjob = v.running.job
-            self.budget_used[vjob.queue] = self.budget_used.get(vjob.queue, 0) + 1
-            self.taken.add(vjob.id)
+            self._take_victim(vjob)
             leaving = self.leaving[vjob.queue]
             for i, amount in enumerate(vjob.request.as_tuple()):
                 leaving[i] += amount
@@ -555,6 +554,12 @@ class _Cycle:
         )
         return True
 
+    def _take_victim(self, vjob: Job) -> None:
+        """`vjob` gets a notice this cycle: it counts against its queue's budget and no later
+        search of the cycle may choose it again."""
+        self.budget_used[vjob.queue] = self.budget_used.get(vjob.queue, 0) + 1
+        self.taken.add(vjob.id)
+
     def _maybe_move(self, job: Job) -> bool:
         """Move small jobs off a node for a job ahead of any reservation that fits by count
         alone (`defrag.py`)."""
@@ -583,8 +588,7 @@ class _Cycle:
         names: list[str] = []
         for move in plan.moves:
             vjob = move.running.job
-            self.budget_used[vjob.queue] = self.budget_used.get(vjob.queue, 0) + 1
-            self.taken.add(vjob.id)
+            self._take_victim(vjob)
             names.append(vjob.id)
             where = ", ".join(f"node {n}" for n, _ in move.restart_on)
             self.preempts.append(
@@ -613,11 +617,15 @@ class _Cycle:
     def _hold_nodes(self, nodes: Placement) -> None:
         """Hold the GPUs free now on `nodes` (for a move), by count exactly what is taken: the
         rest of the block is GPUs that moved jobs still hold, which no one else can take."""
+        self.free[0] -= self._take_free_on(nodes)
+
+    def _take_free_on(self, nodes: Placement) -> int:
+        """Take from the pool what is free now of `nodes`; returns the GPUs taken."""
         hold = [(n, min(g, self.pool.free[n])) for n, g in nodes]
         hold = [(n, g) for n, g in hold if g > 0]
         self.pool.take(hold)
-        self.free[0] -= sum(g for _, g in hold)
         self._use_held_nodes(hold)
+        return sum(g for _, g in hold)
 
     def _hold(self, job: Job, nodes: Placement) -> None:
         """Hold what is free now for a preemptor, by count and on the nodes its victims free,
@@ -627,9 +635,7 @@ class _Cycle:
             if self.free[i] != INF:
                 self.free[i] -= min(max(self.free[i], 0), req[i])
         if self.pool is not None and nodes:
-            hold = [(n, min(g, self.pool.free[n])) for n, g in nodes]
-            self.pool.take([(n, g) for n, g in hold if g > 0])
-            self._use_held_nodes(hold)
+            self._take_free_on(nodes)
 
     def _preemption_possible(self) -> bool:
         if self.plans_left <= 0:

@@ -23,7 +23,12 @@ from preemptible.queue.core.config import PreemptionSettings
 from preemptible.queue.core.model import Job, RunningJob
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.policy import Policy
-from preemptible.queue.core.preemption import min_runtime_end, queue_budget_left, victim_grace_s
+from preemptible.queue.core.preemption import (
+    min_runtime_end,
+    queue_budget_left,
+    saves_within_grace,
+    victim_grace_s,
+)
 from preemptible.queue.core.state import ClusterState
 
 
@@ -74,9 +79,7 @@ def find_moves(
         vjob = rj.job
         if rj.terminating or vjob.id in taken or len(rj.placement) != 1:
             return False
-        if vjob.tier.rank > job.tier.rank or not vjob.checkpoint_on_notice:
-            return False
-        if vjob.save_s > victim_grace_s(vjob, policy, settings):
+        if vjob.tier.rank > job.tier.rank or not saves_within_grace(vjob, policy, settings):
             return False
         if policy.protect_min_runtime and now < min_runtime_end(rj, settings):
             return False

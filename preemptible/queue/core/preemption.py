@@ -71,6 +71,11 @@ def victim_grace_s(job: Job, policy: Policy, settings: PreemptionSettings) -> fl
     return policy.fixed_grace_s
 
 
+def saves_within_grace(job: Job, policy: Policy, settings: PreemptionSettings) -> bool:
+    """A notice costs `job` only its save (and a restore): it saves on notice within its grace."""
+    return job.checkpoint_on_notice and job.save_s <= victim_grace_s(job, policy, settings)
+
+
 def lost_gpu_seconds(running: RunningJob, now: float, grace_s: float) -> float:
     """GPU-seconds a preemption now would waste: unsaved work (or the save) plus restore."""
     job = running.job

@@ -111,29 +111,22 @@ def test_the_baselines_never_move():
 
 def test_a_moved_job_still_saving_keeps_its_place_and_restarts_there_first():
     cfg = config(gpus=16, nodes=2, queues=ONE_QUEUE)
+    s0_moves_to_node_1 = {
+        "nominated": {"s0": NOW - 30},
+        "nominated_nodes": {"s0": ((1, 1),)},
+        "moving": ["s0"],
+    }
     saving = running(job("s0"), node=0, terminating=True)
     busy = [saving, running(job("wide", gpus=7), node=1)]
     # Node 1 has one free GPU: s0's new place. A newcomer must not take it while s0 saves.
-    snap = snapshot(
-        cfg,
-        pending=[job("newcomer", at=NOW - 5)],
-        running_jobs=busy,
-        nominated={"s0": NOW - 30},
-        nominated_nodes={"s0": ((1, 1),)},
-        moving=["s0"],
-    )
+    pending = [job("newcomer", at=NOW - 5)]
+    snap = snapshot(cfg, pending=pending, running_jobs=busy, **s0_moves_to_node_1)
     result = schedule(snap, NOW, OURS, cfg)
     assert [(a.job_id, a.placement) for a in result.admit] == [("newcomer", ((0, 1),))]
     # Once it has exited and is pending again, it takes that place before the older newcomer.
     busy = [running(job("wide", gpus=7), node=1), running(job("fill", gpus=8), node=0)]
-    snap = snapshot(
-        cfg,
-        pending=[job("newcomer", at=NOW - 5), job("s0", at=NOW - 1, preempted_at=NOW - 30)],
-        running_jobs=busy,
-        nominated={"s0": NOW - 30},
-        nominated_nodes={"s0": ((1, 1),)},
-        moving=["s0"],
-    )
+    pending += [job("s0", at=NOW - 1, preempted_at=NOW - 30)]
+    snap = snapshot(cfg, pending=pending, running_jobs=busy, **s0_moves_to_node_1)
     result = schedule(snap, NOW, OURS, cfg)
     assert [(a.job_id, a.placement) for a in result.admit] == [("s0", ((1, 1),))]
 
