@@ -80,6 +80,9 @@ class JobRecord:
     run_restore_s: float = 0.0
     run_token: int = 0
     preemptions: int = 0
+    """Every notice that sent it away, moves included."""
+    moves: int = 0
+    """Of those, notices that moved it to another node (`Preempt.restart_on`)."""
     lost_gpu_s: float = 0.0
     admitted_gpu_s: float = 0.0
     runs: list[tuple[float, float]] = field(default_factory=list)
@@ -358,6 +361,7 @@ class Simulator:
             return
         if pre.restart_on:
             self.state.nominate(job_id, now, nodes=pre.restart_on, moving=True)
+            rec.moves += 1
         rec.preemptions += 1
         rec.last_preempted_at = now
         rec.lost_gpu_s += lost

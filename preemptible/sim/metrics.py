@@ -3,7 +3,9 @@
 - p95 / max queue wait: total time a job spent pending, requeues included;
 - utilisation: GPU-seconds held / GPU-seconds available over the horizon (first submit to last
   completion); goodput: the same minus GPU-seconds lost to preemption;
-- preemptions per hour and lost GPU-seconds per preemption;
+- preemptions per hour and lost GPU-seconds per preemption (a move, which sends a job to
+  another node so that a blocked one gets a node block, counts as a preemption; `moves` says
+  how many of them were moves);
 - max wait of the least-served queue: the largest max wait of any queue (that queue is named).
 
 Per-queue utilisation and goodput are shares of the whole cluster, so they add up to overall.
@@ -48,6 +50,7 @@ def _metrics(records: Sequence[JobRecord], available_gpu_s: float, hours: float)
         "goodput": (admitted - lost) / available_gpu_s if available_gpu_s else 0.0,
         "gpu_s_admitted": admitted,
         "preemptions": preemptions,
+        "moves": sum(r.moves for r in records),
         "preemptions_per_hour": preemptions / hours if hours else 0.0,
         "lost_gpu_s": lost,
         "lost_gpu_s_per_preemption": lost / preemptions if preemptions else 0.0,

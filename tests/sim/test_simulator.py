@@ -101,7 +101,7 @@ def test_preemption_costs_depend_on_checkpointing(mode, at, lost):
     cfg = parse_config_text("[cluster]\ngpus = 1\n[[queues]]\nname = 'a'\nnominal = { gpus = 1 }\n")
     result = Simulator(jobs, cfg, POLICIES["preemptible"], opts).run()
     low = next(r for r in result.records if r.trace.job_id == "low")
-    assert low.preemptions == 1
+    assert (low.preemptions, low.moves) == (1, 0)
     assert low.lost_gpu_s == pytest.approx(lost)
     # the victim finishes all its work: duration plus what it lost and re-did
     assert low.admitted_gpu_s == pytest.approx(10_000 + lost, rel=1e-6)
@@ -122,12 +122,13 @@ def test_small_jobs_move_off_a_node_and_a_gang_starts_on_it():
         "[[queues]]\nname = 'a'\nnominal = { gpus = 16 }\n"
     )
     opts = SimOptions(cycle_interval_s=0.0)
-    records = {
-        r.trace.job_id: r for r in Simulator(jobs, cfg, POLICIES["preemptible"], opts).run().records
-    }
+    result = Simulator(jobs, cfg, POLICIES["preemptible"], opts).run()
+    records = {r.trace.job_id: r for r in result.records}
+    overall = summarize(result)["overall"]
+    assert (overall["preemptions"], overall["moves"]) == (3, 3)
     for i in range(3):
         small = records[f"s{i}"]
-        assert small.preemptions == 1
+        assert small.preemptions == small.moves == 1
         assert small.lost_gpu_s == pytest.approx(20.0 + 20.0)
         assert [start for start, _ in small.runs] == [1.0, 1020.0]  # back after its save
     assert records["gang"].wait_s == pytest.approx(20.0)
