@@ -3,7 +3,8 @@
 Measures `schedule()` on a prepared snapshot (what the service and the simulator do: the state is
 kept incrementally, see `queue/core/state.py`), and for comparison the cold path that also builds
 the snapshot from plain lists. Three cluster states: plenty free, nearly full (backfill and
-reservation), and full with preemption candidates (victim search).
+reservation), full with preemption candidates (victim search), and fragmented: half of every
+eighth node free, so that a gang fits by count but finds no node block (move search).
 
     .venv/bin/python benchmarks/cycle_latency.py [--repeat 30]
 """
@@ -29,34 +30,58 @@ from preemptible.queue.core import (
 TIERS = [Tier.LOW, Tier.NORMAL, Tier.NORMAL, Tier.HIGH]
 
 
-def make(free_gpus: int, seed: int = 0):
+def running_job(rng: random.Random, i: int, gpus: int, queues: list[str], now: float, **kw):
+    return RunningJob(
+        job=Job(
+            id=f"r{i}",
+            queue=rng.choice(queues),
+            request=Resources(gpus=gpus),
+            tier=rng.choice(TIERS),
+            submitted_at=now - 50_000,
+            estimate_s=rng.choice([None, 3600.0, 36000.0]),
+            save_s=rng.choice([5.0, 30.0, 120.0]),
+            restore_s=30.0,
+            checkpoint_interval_s=1800.0,
+            checkpoint_on_notice=True,
+        ),
+        started_at=now - rng.uniform(0, 40_000),
+        **kw,
+    )
+
+
+def packed(rng: random.Random, queues: list[str], now: float, free_gpus: int):
+    """1,000 running jobs of 1 to 8 GPUs packed tightly (best fit), `free_gpus` more idle."""
+    running = [
+        running_job(rng, i, rng.choice([1, 1, 2, 2, 4, 8]), queues, now) for i in range(1000)
+    ]
+    running.sort(key=lambda r: -r.job.request.gpus)
+    gpus = sum(r.job.request.gpus for r in running) + 8 + free_gpus
+    return running, gpus + -gpus % 8
+
+
+def fragmented(rng: random.Random, queues: list[str], now: float):
+    """1,000 running jobs of 1 or 2 GPUs filling the nodes, but every eighth node only half:
+    some GPUs are idle, and no node is whole."""
+    running, node, used = [], 0, 0
+    while len(running) < 1000:
+        room = 4 if node % 8 == 7 else 8
+        g = min(rng.choice([1, 1, 2]), room - used)
+        running.append(running_job(rng, len(running), g, queues, now, placement=((node, g),)))
+        used += g
+        if used == room:
+            node, used = node + 1, 0
+    return running, 8 * (node + (used > 0))
+
+
+def make(free_gpus: int | None, seed: int = 0):
+    """A snapshot's inputs; `free_gpus` None: the fragmented cluster."""
     rng = random.Random(seed)
     queues = [f"team-{i}" for i in range(8)]
     now = 1_000_000.0
-    running, used = [], 0
-    while len(running) < 1000:
-        g = rng.choice([1, 1, 2, 2, 4, 8])
-        running.append(
-            RunningJob(
-                job=Job(
-                    id=f"r{len(running)}",
-                    queue=rng.choice(queues),
-                    request=Resources(gpus=g),
-                    tier=rng.choice(TIERS),
-                    submitted_at=now - 50_000,
-                    estimate_s=rng.choice([None, 3600.0, 36000.0]),
-                    save_s=rng.choice([5.0, 30.0, 120.0]),
-                    restore_s=30.0,
-                    checkpoint_interval_s=1800.0,
-                    checkpoint_on_notice=True,
-                ),
-                started_at=now - rng.uniform(0, 40_000),
-            )
-        )
-        used += g
-    running.sort(key=lambda r: -r.job.request.gpus)  # pack the nodes tightly (best fit)
-    gpus = used + 8 + free_gpus
-    gpus += -gpus % 8
+    if free_gpus is None:
+        running, gpus = fragmented(rng, queues, now)
+    else:
+        running, gpus = packed(rng, queues, now, free_gpus)
     cfg = parse_config(
         {
             "cluster": {"gpus": gpus, "nodes": gpus // 8, "gpus_per_node": 8},
@@ -82,16 +107,15 @@ def make(free_gpus: int, seed: int = 0):
     return cfg, pending, running, usage, now
 
 
-def measure(free_gpus: int, repeat: int) -> dict[str, float]:
+def measure(free_gpus: int | None, repeat: int) -> dict[str, float]:
     cfg, pending, running, usage, now = make(free_gpus)
     snap = build_snapshot(cfg.cluster, cfg.queues, pending=pending, running=running, usage=usage)
     policy = POLICIES["preemptible"]
-    times, admitted, preempted = [], 0, 0
+    times = []
     for _ in range(repeat):
         t = time.perf_counter()
         result = schedule(snap, now, policy, cfg)
         times.append(time.perf_counter() - t)
-        admitted, preempted = len(result.admit), len(result.preempt)
     cold = []
     for _ in range(max(3, repeat // 5)):
         t = time.perf_counter()
@@ -103,8 +127,9 @@ def measure(free_gpus: int, repeat: int) -> dict[str, float]:
         "median_ms": 1000 * statistics.median(times),
         "p95_ms": 1000 * sorted(times)[int(0.95 * (len(times) - 1))],
         "cold_median_ms": 1000 * statistics.median(cold),
-        "admitted": admitted,
-        "preempted": preempted,
+        "admitted": len(result.admit),
+        "preempted": len(result.preempt),
+        "moved": sum(1 for p in result.preempt if p.restart_on),
     }
 
 
@@ -116,18 +141,19 @@ def main() -> None:
     print("one cycle, policy preemptible, 10,000 pending + 1,000 running (8 queues, 8-GPU nodes)")
     print(
         f"{'cluster state':<34}{'GPUs':>6}{'median':>10}{'p95':>9}{'vs goal':>9}"
-        f"{'cold (build+cycle)':>20}{'admit':>7}{'preempt':>8}"
+        f"{'cold (build+cycle)':>20}{'admit':>7}{'preempt':>8}{'moved':>7}"
     )
     for label, free in (
         ("plenty free (1,000 GPUs idle)", 1000),
         ("nearly full (40 GPUs idle)", 40),
         ("full (victim search)", 0),
+        ("fragmented (moves; no node whole)", None),
     ):
         m = measure(free, args.repeat)
         print(
             f"{label:<34}{m['gpus']:>6}{m['median_ms']:>8.1f}ms{m['p95_ms']:>7.1f}ms"
             f"{m['median_ms'] / goal_ms:>8.2f}x{m['cold_median_ms']:>18.1f}ms"
-            f"{m['admitted']:>7}{m['preempted']:>8}"
+            f"{m['admitted']:>7}{m['preempted']:>8}{m['moved']:>7}"
         )
     print(f"goal: median < {goal_ms:.0f} ms (ratio < 1.00x)")
 

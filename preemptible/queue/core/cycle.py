@@ -53,7 +53,15 @@ from preemptible.queue.core.backfill import (
 from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.core.defrag import find_moves
 from preemptible.queue.core.fair_share import dominant_share, fair_share_value, weight_fractions
-from preemptible.queue.core.model import Admit, CycleResult, Job, Preempt, Reserve, Tier
+from preemptible.queue.core.model import (
+    Admit,
+    CycleResult,
+    Job,
+    Preempt,
+    Reserve,
+    RunningJob,
+    Tier,
+)
 from preemptible.queue.core.patience import BORROWER_BLOCKED, ReclaimPatience
 from preemptible.queue.core.placement import Placement
 from preemptible.queue.core.policy import Ordering, Policy
@@ -140,6 +148,8 @@ class _Cycle:
         self.failed_here: list[tuple[str, int, int]] = []
         """Failed victim searches of this cycle (for any reason); `failed` is what backs off."""
         self.candidate_cache: dict[tuple, list] = {}
+        self.movers: dict[int, list[RunningJob]] = {}
+        """Per node, the jobs there that could move (`defrag.find_moves`), found once a cycle."""
         self.reclaimer_rank = self._reclaimer_ranks()
         """Per queue, the lowest tier of other queues' pending work within nominal quota: a
         borrower of this tier or a higher one is ordered in this tier after that work, which
@@ -581,6 +591,7 @@ class _Cycle:
             settings=self.config.preemption,
             taken=self.taken,
             budget_used=self.budget_used,
+            movers=self.movers,
         )
         if plan is None:
             return False  # a search that finds nothing costs no plan: the job may still preempt

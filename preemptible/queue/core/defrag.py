@@ -60,11 +60,14 @@ def find_moves(
     settings: PreemptionSettings,
     taken: set[str],
     budget_used: Mapping[str, int],
+    movers: dict[int, list[RunningJob]] | None = None,
 ) -> MovePlan | None:
     """The cheapest moves that give `job` a node block now, or None when there are none.
 
     `pool`: free GPUs per node after this cycle's decisions so far (read, not changed).
     `taken`: jobs already chosen as victims in this cycle.
+    `movers`: per node, the jobs there that could move for any job (`_movers_on`), kept by
+    the caller for the rest of its cycle: a cycle may search many times over the same state.
     """
     per = pool.gpus_per_node
     gpus = int(job.request.gpus)
@@ -73,20 +76,22 @@ def find_moves(
     need = min(gpus, per)
     nodes_wanted = max(1, gpus // per)
     limit = gpus // 2
+    empty = sorted(pool.by_free[per])
+    draining = {  # nodes that will have room once jobs already told to go have exited
+        node
+        for node, leaving in state.node_leaving.items()
+        if pool.free[node] < need <= pool.free[node] + leaving
+    }
+    if len(empty) + len(draining) >= nodes_wanted:
+        return None  # no need: enough nodes are free or about to be
+    movers = {} if movers is None else movers
     budgets: dict[str, int] = {}
 
-    def movable(rj: RunningJob) -> bool:
+    def may_move(rj: RunningJob) -> bool:
         vjob = rj.job
-        if rj.terminating or vjob.id in taken or len(rj.placement) != 1:
-            return False
-        if vjob.tier.rank > job.tier.rank or not saves_within_grace(vjob, policy, settings):
-            return False
-        if policy.protect_min_runtime and now < min_runtime_end(rj, settings):
+        if vjob.id in taken or vjob.tier.rank > job.tier.rank:
             return False
         if policy.anti_thrashing:
-            last = vjob.last_preempted_at
-            if last is not None and now - last < settings.cooldown_s:
-                return False
             q = vjob.queue
             if q not in budgets:
                 budgets[q] = queue_budget_left(state, q, now, settings, budget_used.get(q, 0))
@@ -94,38 +99,21 @@ def find_moves(
                 return False
         return True
 
-    # Per node short of `need`: the jobs to move (for a whole node, all of them).
+    # Per node short of `need` by at most `limit`: the jobs to move (for a whole node, all).
     options: list[tuple[int, int, list[RunningJob]]] = []
-    empty: list[int] = []
-    draining = 0  # nodes that will have room once jobs already told to go have exited
-    for node, free in enumerate(pool.free):
-        if free >= need:
-            if free == per:
-                empty.append(node)
-            continue
-        leaving = sum(
-            g
-            for j in state.node_jobs[node]
-            if state.running[j].terminating
-            for n, g in state.running[j].placement
-            if n == node
-        )
-        if free + leaving >= need:
-            draining += 1
-            continue
-        if need - free > limit:
-            continue
-        movable_here = sorted(
-            (rj for j in state.node_jobs[node] if movable(rj := state.running[j])),
-            key=lambda rj: (rj.job.request.gpus, rj.job.id),
-        )
-        chosen = _fewest_gpus(movable_here, need - free)
-        if chosen is not None:
-            moved = sum(int(rj.job.request.gpus) for rj in chosen)
-            if moved <= limit:
-                options.append((moved, node, chosen))
-    if not options or len(empty) + draining >= nodes_wanted:
-        return None  # nothing to move, or no need: enough nodes are free or about to be
+    for free in range(max(0, need - limit), need):
+        for node in pool.by_free[free]:
+            if node in draining:
+                continue
+            if node not in movers:
+                movers[node] = _movers_on(node, now, state, policy, settings)
+            chosen = _fewest_gpus([rj for rj in movers[node] if may_move(rj)], need - free)
+            if chosen is not None:
+                moved = sum(int(rj.job.request.gpus) for rj in chosen)
+                if moved <= limit:
+                    options.append((moved, node, chosen))
+    if not options:
+        return None
     options.sort(key=lambda o: (o[0], o[1]))
     targets = {n: need for n in empty[: nodes_wanted - 1]} if nodes_wanted > 1 else {}
     test = pool.copy()
@@ -153,6 +141,30 @@ def find_moves(
     if len(targets) < nodes_wanted or not moves:
         return None
     return MovePlan(moves=tuple(moves), placement=tuple(sorted(targets.items())))
+
+
+def _movers_on(
+    node: int, now: float, state: ClusterState, policy: Policy, settings: PreemptionSettings
+) -> list[RunningJob]:
+    """The jobs on `node` that may move whoever asks, smallest first: on this node only, not
+    leaving already, saving on notice within their grace, past their minimum runtime and
+    outside the cooldown. Who asks (its tier) and this cycle's choices are checked apart."""
+    found = []
+    for job_id in state.node_jobs[node]:
+        rj = state.running[job_id]
+        vjob = rj.job
+        if rj.terminating or len(rj.placement) != 1:
+            continue
+        if not saves_within_grace(vjob, policy, settings):
+            continue
+        if policy.protect_min_runtime and now < min_runtime_end(rj, settings):
+            continue
+        last = vjob.last_preempted_at
+        if policy.anti_thrashing and last is not None and now - last < settings.cooldown_s:
+            continue
+        found.append(rj)
+    found.sort(key=lambda rj: (rj.job.request.gpus, rj.job.id))
+    return found
 
 
 def _move(rj: RunningJob, where: Placement, policy: Policy, settings: PreemptionSettings) -> Move:

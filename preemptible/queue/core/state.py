@@ -82,6 +82,8 @@ class ClusterState:
             else None
         )
         self.node_jobs: list[set[str]] = [set() for _ in range(cluster.nodes or 0)]
+        self.node_leaving: dict[int, int] = {}
+        """Per node with any: GPUs there held by jobs that were told to go (free soon)."""
         self.ends: list[tuple[float, str]] = []
         """(expected end, job id) of running jobs, sorted, for reservations."""
         self._end_of: dict[str, float] = {}
@@ -153,6 +155,7 @@ class ClusterState:
                 self.loans.setdefault(running.loan_for, set()).add(job.id)
         else:
             self._leave(job, +1)
+            self._leave_nodes(running.placement, +1)
         if self.pool is not None:
             self.pool.take(running.placement)
             for node, _ in running.placement:
@@ -181,6 +184,7 @@ class ClusterState:
         if running.loan_for is not None:
             self._unlend(running.loan_for, job_id)
         self._leave(running.job, +1)
+        self._leave_nodes(running.placement, +1)
         self._move_end(job_id, expected_end)
 
     def finish(self, job_id: str) -> RunningJob:
@@ -202,6 +206,7 @@ class ClusterState:
                 self._unlend(running.loan_for, job_id)
         else:
             self._leave(job, -1)
+            self._leave_nodes(running.placement, -1)
         if self.pool is not None:
             self.pool.give(running.placement)
             for node, _ in running.placement:
@@ -224,6 +229,15 @@ class ClusterState:
         left[0] += sign * r.gpus
         left[1] += sign * r.cpus
         left[2] += sign * r.memory_gb
+
+    def _leave_nodes(self, placement: Placement, sign: int) -> None:
+        leaving = self.node_leaving
+        for node, gpus in placement:
+            left = leaving.get(node, 0) + sign * gpus
+            if left:
+                leaving[node] = left
+            else:
+                del leaving[node]
 
     def _move_end(self, job_id: str, end: float) -> None:
         old = self._end_of[job_id]

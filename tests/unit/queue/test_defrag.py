@@ -228,3 +228,33 @@ def test_a_search_that_finds_no_move_leaves_the_last_victim_search_to_preemption
     snap = snapshot(cfg, pending=[job("j", queue="a", gpus=4, at=NOW)], running_jobs=busy)
     one_search = dataclasses.replace(OURS, max_preemption_plans=1)
     assert "before reclaiming what b0 borrowed" in schedule(snap, NOW, one_search, cfg).pending["j"]
+
+
+def test_the_state_counts_per_node_the_gpus_of_jobs_told_to_go():
+    cfg = config(gpus=16, nodes=2, queues=ONE_QUEUE)
+    busy = [
+        running(job("a", gpus=3), node=0, terminating=True),
+        running(job("b", gpus=2), node=0),
+        running(job("c", gpus=4), node=1),
+    ]
+    st = snapshot(cfg, running_jobs=busy).state
+    assert st.node_leaving == {0: 3}
+    st.mark_terminating("b", expected_end=NOW)
+    st.mark_terminating("c", expected_end=NOW)
+    assert st.node_leaving == {0: 5, 1: 4}
+    st.finish("a")
+    st.finish("c")
+    assert st.node_leaving == {0: 2}
+    st.finish("b")
+    assert st.node_leaving == {}
+
+
+def test_no_move_while_a_node_full_of_leaving_jobs_is_about_to_be_whole():
+    # Node 0 has nothing free, but its one 8-GPU job is leaving: it counts as about to be free
+    # even though moving anything off it would exceed the limit.
+    cfg = config(gpus=24, nodes=3, queues=ONE_QUEUE)
+    busy = [running(job("v8", gpus=8), node=0, terminating=True)]
+    busy += [running(job(f"s{i}"), node=1) for i in range(3)]
+    busy += [running(job("wide", gpus=5, aware=False), node=2)]
+    snap = snapshot(cfg, pending=[job("gang", gpus=8, at=NOW)], running_jobs=busy)
+    assert schedule(snap, NOW, OURS, cfg).preempt == ()
