@@ -16,7 +16,8 @@ fit, best fit, on the GPUs free elsewhere now.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import heapq
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from preemptible.queue.core.config import PreemptionSettings
@@ -99,31 +100,34 @@ def find_moves(
                 return False
         return True
 
-    # Per node short of `need` by at most `limit`: the jobs to move (for a whole node, all).
-    options: list[tuple[int, int, list[RunningJob]]] = []
-    for free in range(max(0, need - limit), need):
-        for node in pool.by_free[free]:
-            if node in draining:
-                continue
-            if node not in movers:
-                movers[node] = _movers_on(node, now, state, policy, settings)
-            chosen = _fewest_gpus([rj for rj in movers[node] if may_move(rj)], need - free)
-            if chosen is not None:
-                moved = sum(int(rj.job.request.gpus) for rj in chosen)
-                if moved <= limit:
-                    options.append((moved, node, chosen))
-    if not options:
+    def option(node: int, short: int) -> tuple[int, int, list[RunningJob]] | None:
+        """The jobs to move off `node` to free `short` more GPUs there, fewest GPUs first."""
+        if node not in movers:
+            movers[node] = _movers_on(node, now, state, policy, settings)
+        chosen = _fewest_gpus([rj for rj in movers[node] if may_move(rj)], short)
+        if chosen is None:
+            return None
+        moved = sum(int(rj.job.request.gpus) for rj in chosen)
+        return (moved, node, chosen) if moved <= limit else None
+
+    # Nodes short of `need` by at most `limit`, fewest short first: what each must move.
+    shortfalls = sorted(
+        (need - free, node)
+        for free in range(max(0, need - limit), need)
+        for node in pool.by_free[free]
+        if node not in draining
+    )
+    if not shortfalls:
         return None
-    options.sort(key=lambda o: (o[0], o[1]))
     targets = {n: need for n in empty[: nodes_wanted - 1]} if nodes_wanted > 1 else {}
     test = pool.copy()
     moves: list[Move] = []
     moved_gpus = 0
-    for gpus_moved, node, chosen in options:
-        if len(targets) == nodes_wanted:
-            break
-        if moved_gpus + gpus_moved > limit or test.free[node] != pool.free[node]:
-            continue  # over the limit, or an earlier move's job lands on this node
+    for gpus_moved, node, chosen in _cheapest_first(shortfalls, option):
+        if moved_gpus + gpus_moved > limit:
+            break  # and so would every later option, which moves as many or more
+        if test.free[node] != pool.free[node]:
+            continue  # an earlier move's job lands on this node
         trial = test.copy()
         avoid = {*targets, node}
         planned = []
@@ -138,6 +142,8 @@ def find_moves(
             targets[node] = need
             moves.extend(planned)
             moved_gpus += gpus_moved
+            if len(targets) == nodes_wanted:
+                break
     if len(targets) < nodes_wanted or not moves:
         return None
     return MovePlan(moves=tuple(moves), placement=tuple(sorted(targets.items())))
@@ -165,6 +171,27 @@ def _movers_on(
         found.append(rj)
     found.sort(key=lambda rj: (rj.job.request.gpus, rj.job.id))
     return found
+
+
+def _cheapest_first(
+    shortfalls: list[tuple[int, int]],
+    option: Callable[[int, int], tuple[int, int, list[RunningJob]] | None],
+) -> Iterator[tuple[int, int, list[RunningJob]]]:
+    """Each node's option in (GPUs moved, node) order, finding a node's option only once it
+    could come next: a node moves at least its shortfall, so a found option that sorts before
+    the next node's (shortfall, node) sorts before everything not yet found. The first few
+    options usually make the plan, and a cycle may search many times."""
+    found: list[tuple[int, int, list[RunningJob]]] = []
+    i = 0
+    while True:
+        while i < len(shortfalls) and (not found or found[0][:2] > shortfalls[i]):
+            short, node = shortfalls[i]
+            i += 1
+            if (o := option(node, short)) is not None:
+                heapq.heappush(found, o)
+        if not found:
+            return
+        yield heapq.heappop(found)
 
 
 def _move(rj: RunningJob, where: Placement, policy: Policy, settings: PreemptionSettings) -> Move:

@@ -3,8 +3,11 @@
 import dataclasses
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from preemptible.queue.core import POLICIES, schedule
+from preemptible.queue.core.defrag import _cheapest_first
 from preemptible.queue.core.model import NO_LIMIT
 
 from .factories import config, job, running, snapshot
@@ -258,3 +261,24 @@ def test_no_move_while_a_node_full_of_leaving_jobs_is_about_to_be_whole():
     busy += [running(job("wide", gpus=5, aware=False), node=2)]
     snap = snapshot(cfg, pending=[job("gang", gpus=8, at=NOW)], running_jobs=busy)
     assert schedule(snap, NOW, OURS, cfg).preempt == ()
+
+
+@given(st.lists(st.tuples(st.integers(1, 8), st.integers(0, 4)), max_size=30))
+def test_options_found_lazily_come_in_the_order_of_sorting_them_all(nodes):
+    # Each node: its shortfall, and how many GPUs over it its option moves (0..3), or none (4).
+    shortfalls = sorted((short, node) for node, (short, _) in enumerate(nodes))
+    looked_at = []
+
+    def option(node, short):
+        looked_at.append(node)
+        extra = nodes[node][1]
+        return None if extra == 4 else (short + extra, node, [])
+
+    every = sorted(o for s, n in shortfalls if (o := option(n, s)) is not None)
+    looked_at.clear()
+    lazily = _cheapest_first(shortfalls, option)
+    assert list(lazily) == every
+    looked_at.clear()
+    next(_cheapest_first(shortfalls, option), None)
+    if shortfalls and nodes[shortfalls[0][1]][1] == 0:
+        assert looked_at == [shortfalls[0][1]]  # it moves no more than its shortfall: enough
