@@ -557,8 +557,8 @@ class _Cycle:
         # Victims chosen: the queue budgets and what each queue borrows have changed.
         self.candidate_cache.clear()
         freed = sum(v.running.job.request.gpus for v in plan.victims)
-        held = self._hold(job, plan.placement or ())
-        self.incoming += max(0, freed + held - job.request.gpus)  # what it will not need
+        self.incoming += max(0, freed + max(0, int(self.free[0])) - job.request.gpus)
+        self._hold(job, plan.placement or ())
         self.reasons[job.id] = (
             f"pending: preempting {', '.join(names)} to make room; starts when they exit"
         )
@@ -638,21 +638,15 @@ class _Cycle:
         self._use_held_nodes(hold)
         return sum(g for _, g in hold)
 
-    def _hold(self, job: Job, nodes: Placement) -> int:
-        """Hold what is free now for a preemptor so that nobody else takes it before its victims
-        exit; returns the GPUs held. On nodes, exactly the GPUs free on the nodes its victims
-        free: GPUs free elsewhere are not its to keep. Without nodes, GPUs by count. CPUs and
-        memory are held by count."""
+    def _hold(self, job: Job, nodes: Placement) -> None:
+        """Hold what is free now for a preemptor, by count and on the nodes its victims free,
+        so that nobody else takes it before they exit."""
         req = job.request.as_tuple()
-        for i in (1, 2):
+        for i in range(3):
             if self.free[i] != INF:
                 self.free[i] -= min(max(self.free[i], 0), req[i])
         if self.pool is not None and nodes:
-            held = self._take_free_on(nodes)
-        else:
-            held = min(max(int(self.free[0]), 0), int(req[0]))
-        self.free[0] -= held
-        return held
+            self._take_free_on(nodes)
 
     def _preemption_possible(self) -> bool:
         if self.plans_left <= 0:

@@ -164,36 +164,6 @@ def test_the_nodes_a_nominated_job_waits_for_are_held_for_it():
     assert "preempted for it" in result.reason_for("N")
 
 
-def test_a_preemptor_holds_only_the_free_gpus_of_its_nodes_so_others_still_start():
-    # H (8 GPUs) preempts the low-tier job on node 0, where 2 GPUs are free; node 1 has 2 free
-    # too, which H will never use: the 2-GPU job behind H starts there at once.
-    cfg = config(gpus=16, nodes=2, queues={"a": (1.0, 16, NO_LIMIT)})
-    busy = [on(0, job("low", tier="low", gpus=6)), on(1, job("keep", tier="high", gpus=6))]
-    pending = [job("H", tier="high", gpus=8, at=0.0), job("small", gpus=2, at=500.0)]
-    result = schedule(snapshot(cfg, pending=pending, running_jobs=busy), NOW, OURS, cfg)
-    assert preempted(result) == ["low"]
-    assert [(a.job_id, a.placement) for a in result.admit] == [("small", ((1, 2),))]
-
-
-def test_a_nominated_job_waiting_for_its_victims_leaves_other_nodes_free_gpus():
-    cfg = config(gpus=16, nodes=2, queues={"a": (1.0, 16, NO_LIMIT)})
-    busy = [
-        on(0, job("victim", tier="low", gpus=6), terminating=True),
-        on(1, job("keep", tier="high", gpus=6)),
-    ]
-    pending = [job("H", tier="high", gpus=8, at=0.0), job("small", gpus=2, at=500.0)]
-    snap = snapshot(
-        cfg,
-        pending=pending,
-        running_jobs=busy,
-        nominated={"H": NOW - 5},
-        nominated_nodes={"H": ((0, 8),)},
-    )
-    result = schedule(snap, NOW, OURS, cfg)
-    assert [(a.job_id, a.placement) for a in result.admit] == [("small", ((1, 2),))]
-    assert "preempted for it" in result.reason_for("H")
-
-
 def test_without_a_minimum_runtime_the_reason_does_not_claim_one():
     cfg = config(gpus=1, queues={"a": (1.0, 1, NO_LIMIT)})
     snap = snapshot(
