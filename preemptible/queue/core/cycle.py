@@ -149,7 +149,8 @@ class _Cycle:
         """Failed victim searches of this cycle (for any reason); `failed` is what backs off."""
         self.candidate_cache: dict[tuple, list] = {}
         self.movers: dict[int, list[RunningJob]] = {}
-        """Per node, the jobs there that could move (`defrag.find_moves`), found once a cycle."""
+        """Per node, the jobs there that could move (`defrag.find_moves`), found once a cycle:
+        the state, the time and the settings do not change within one."""
         self.reclaimer_rank = self._reclaimer_ranks()
         """Per queue, the lowest tier of other queues' pending work within nominal quota: a
         borrower of this tier or a higher one is ordered in this tier after that work, which

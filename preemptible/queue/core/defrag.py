@@ -69,6 +69,7 @@ def find_moves(
     `taken`: jobs already chosen as victims in this cycle.
     `movers`: per node, the jobs there that could move for any job (`_movers_on`), kept by
     the caller for the rest of its cycle: a cycle may search many times over the same state.
+    Valid only while `state`, `now`, `policy` and `settings` stay the same.
     """
     per = pool.gpus_per_node
     gpus = int(job.request.gpus)
@@ -85,7 +86,8 @@ def find_moves(
     }
     if len(empty) + len(draining) >= nodes_wanted:
         return None  # no need: enough nodes are free or about to be
-    movers = {} if movers is None else movers
+    if movers is None:
+        movers = {}
     budgets: dict[str, int] = {}
 
     def may_move(rj: RunningJob) -> bool:
@@ -181,6 +183,7 @@ def _cheapest_first(
     could come next: a node moves at least its shortfall, so a found option that sorts before
     the next node's (shortfall, node) sorts before everything not yet found. The first few
     options usually make the plan, and a cycle may search many times."""
+    # A heap of the options found; nodes differ, so their job lists are never compared.
     found: list[tuple[int, int, list[RunningJob]]] = []
     i = 0
     while True:

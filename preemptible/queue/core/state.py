@@ -233,9 +233,11 @@ class ClusterState:
     def _leave_nodes(self, placement: Placement, sign: int) -> None:
         leaving = self.node_leaving
         for node, gpus in placement:
-            left = leaving.get(node, 0) + sign * gpus
-            if left:
-                leaving[node] = left
+            if not gpus:
+                continue
+            count = leaving.get(node, 0) + sign * gpus
+            if count:
+                leaving[node] = count
             else:
                 del leaving[node]
 

@@ -282,3 +282,13 @@ def test_options_found_lazily_come_in_the_order_of_sorting_them_all(nodes):
     next(_cheapest_first(shortfalls, option), None)
     if shortfalls and nodes[shortfalls[0][1]][1] == 0:
         assert looked_at == [shortfalls[0][1]]  # it moves no more than its shortfall: enough
+
+
+def test_a_zero_gpu_job_on_a_node_leaves_no_count_behind():
+    cfg = config(gpus=16, nodes=2, queues=ONE_QUEUE)
+    busy = [running(job("z", gpus=0), node=0, terminating=True), running(job("y", gpus=0), node=1)]
+    st = snapshot(cfg, running_jobs=busy).state
+    st.mark_terminating("y", expected_end=NOW)
+    st.finish("z")
+    st.finish("y")
+    assert st.node_leaving == {}
