@@ -177,11 +177,12 @@ class _Cycle:
     def _nominated_first(self) -> None:
         st = self.st
         window = self.config.preemption.nomination_window_s
-        for job_id, at in list(st.nominated.items()):  # oldest first
+        live = [job_id for job_id, at in st.nominated.items() if self.now - at <= window]
+        # Oldest first, but moved jobs before the rest: each restarts on, or keeps holding, the
+        # place held for it since its notice, which no other nominee's best fit may take.
+        for job_id in sorted(live, key=lambda j: j not in st.moving):
             if self.free[0] <= 0:
                 break  # nothing to admit or hold; later cycles will see the freed capacity
-            if self.now - at > window:
-                continue
             job = st.pending.get(job_id)
             moving = job_id in st.moving
             if job is None:

@@ -292,3 +292,46 @@ def test_a_zero_gpu_job_on_a_node_leaves_no_count_behind():
     st.finish("z")
     st.finish("y")
     assert st.node_leaving == {}
+
+
+def test_a_moved_job_still_saving_keeps_its_place_from_an_earlier_nominee():
+    # Nodes of 4. G's block is nodes 1 and 2, where B still saves; B moves to node 3. Node 3 is
+    # whole now, so G's best fit would be nodes 1 and 3, although G comes first in the
+    # nomination order: B's place stays B's and G waits for B.
+    cfg = config(gpus=16, nodes=4, queues=ONE_QUEUE)
+    busy = [
+        running(job("X", gpus=3, aware=False), node=0),
+        running(job("A"), node=0),
+        running(job("B", save=30.0), node=2, terminating=True),
+    ]
+    snap = snapshot(
+        cfg,
+        pending=[job("G", gpus=8, tier="high", at=NOW - 10)],
+        running_jobs=busy,
+        nominated={"G": NOW - 5, "B": NOW - 5},
+        nominated_nodes={"G": ((1, 4), (2, 4)), "B": ((3, 1),)},
+        moving=["B"],
+    )
+    result = schedule(snap, NOW, OURS, cfg)
+    assert result.admit == ()
+    assert "preempted for it" in result.reason_for("G")
+
+
+def test_a_moved_job_that_saved_restarts_while_the_job_it_moved_for_waits_for_another():
+    # M2 saved at once and is back; M1 still saves. G's hold must not take M2's place.
+    cfg = config(gpus=16, nodes=4, queues=ONE_QUEUE)
+    busy = [
+        running(job("X", gpus=3, aware=False), node=0),
+        running(job("M1", save=100.0), node=1, terminating=True),
+        running(job("Y", gpus=3, aware=False), node=3),
+    ]
+    snap = snapshot(
+        cfg,
+        pending=[job("G", gpus=8, tier="high", at=NOW - 10), job("M2", preempted_at=NOW - 5)],
+        running_jobs=busy,
+        nominated={"M1": NOW - 5, "G": NOW - 5, "M2": NOW - 5},
+        nominated_nodes={"M1": ((0, 1),), "G": ((1, 4), (2, 4)), "M2": ((3, 1),)},
+        moving=["M1", "M2"],
+    )
+    result = schedule(snap, NOW, OURS, cfg)
+    assert [(a.job_id, a.placement) for a in result.admit] == [("M2", ((3, 1),))]
