@@ -22,9 +22,10 @@ add victims greedily by cost per GPU; both then drop any victim the fit does not
 does).
 
 Victims from another queue come out of what that queue borrows (`Policy.within_borrowed`):
-together they may not take it below its nominal quota. Only when no such set makes room (jobs
-are indivisible: a queue that borrows 1 GPU with one 5-GPU job) may a victim straddle the
-quota, and only while its queue still borrows before it goes, which is kueue's only rule. What
+together they may not take it below its nominal quota. Only when the search finds no such set
+(jobs are indivisible: a queue that borrows 1 GPU with one 5-GPU job) may a victim straddle the
+quota, and only while its queue still borrows before it goes, which is kueue's only rule. The
+search is greedy, so it can miss a set within what a queue borrows and straddle instead. What
 a queue borrows is judged without its jobs that were already told to go.
 """
 
