@@ -643,8 +643,8 @@ class _Cycle:
     def _hold(self, job: Job, nodes: Placement) -> None:
         """Hold what is free now for a preemptor, by count and on the nodes its victims free,
         so that nobody else takes it before they exit. By count, GPUs free on other nodes wait
-        too, for one grace at most: holding only the nodes' GPUs moved waits both ways and
-        cost goodput and preemptions (`docs/policy-history.md`)."""
+        too, for one grace at most. Holding only the nodes' free GPUs was tried: waits moved
+        both ways between runs, goodput fell and preemptions rose (`docs/policy-history.md`)."""
         req = job.request.as_tuple()
         for i in range(3):
             if self.free[i] != INF:
