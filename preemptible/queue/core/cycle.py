@@ -341,15 +341,19 @@ class _Cycle:
 
     def _place(self, job: Job, *, on: Placement | None = None) -> Placement | None:
         """Where `job` fits now: best fit, or `on` (a moved job's new place) while it is free."""
-        req = job.request.as_tuple()
-        free = self.free
-        if req[0] > free[0] or req[1] > free[1] + 1e-9 or req[2] > free[2] + 1e-9:
+        if not self._fits_by_count(job):
             return None
         if self.pool is None:
             return ()
         if on and all(self.pool.free[n] >= g for n, g in on):
             return on
-        return self.pool.find(int(req[0]))
+        return self.pool.find(int(job.request.gpus))
+
+    def _fits_by_count(self, job: Job) -> bool:
+        """Whether `job` fits in what is free now, GPUs, CPUs and memory, wherever it is."""
+        req = job.request.as_tuple()
+        free = self.free
+        return not (req[0] > free[0] or req[1] > free[1] + 1e-9 or req[2] > free[2] + 1e-9)
 
     def _backfill_placement(
         self, job: Job, placement: Placement, res: Reservation
@@ -579,8 +583,7 @@ class _Cycle:
             return False
         if self.pool is None or self.reservation is not None:
             return False
-        req = job.request.as_tuple()
-        if any(req[i] > self.free[i] + 1e-9 for i in range(3)):
+        if not self._fits_by_count(job):
             return False
         if job.request.gpus <= self.incoming:
             return False  # preempted jobs are about to free as much: their nodes may do

@@ -78,7 +78,7 @@ def find_moves(
     need = min(gpus, per)
     nodes_wanted = max(1, gpus // per)
     limit = gpus // 2
-    empty = sorted(pool.by_free[per])
+    empty = pool.by_free[per]
     draining = {  # nodes that will have room once jobs already told to go have exited
         node
         for node, leaving in state.node_leaving.items()
@@ -121,7 +121,7 @@ def find_moves(
     )
     if not shortfalls:
         return None
-    targets = {n: need for n in empty[: nodes_wanted - 1]} if nodes_wanted > 1 else {}
+    targets = {n: need for n in sorted(empty)[: nodes_wanted - 1]} if nodes_wanted > 1 else {}
     test = pool.copy()
     moves: list[Move] = []
     moved_gpus = 0
