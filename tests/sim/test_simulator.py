@@ -107,6 +107,15 @@ def test_preemption_costs_depend_on_checkpointing(mode, at, lost):
     assert low.admitted_gpu_s == pytest.approx(10_000 + lost, rel=1e-6)
 
 
+def _on_two_nodes(jobs, policy: str):
+    """`jobs` on two 8-GPU nodes, one queue, a cycle at every event."""
+    cfg = parse_config_text(
+        "[cluster]\ngpus = 16\nnodes = 2\ngpus_per_node = 8\n"
+        "[[queues]]\nname = 'a'\nnominal = { gpus = 16 }\n"
+    )
+    return Simulator(jobs, cfg, POLICIES[policy], SimOptions(cycle_interval_s=0.0)).run()
+
+
 def test_small_jobs_move_off_a_node_and_a_gang_starts_on_it():
     # Two nodes of 8. At 1000 s the 5-GPU job on node 0 ends, leaving 5 free there beside three
     # 1-GPU jobs and 3 free on node 1 beside a 5-GPU job: 8 free, no block of 8. Ours moves the
@@ -117,12 +126,7 @@ def test_small_jobs_move_off_a_node_and_a_gang_starts_on_it():
         *(_job(f"s{i}", 1, 50_000, ckpt=20.0) for i in range(3)),
         _job("gang", 1000, 3600, gpus=8, ckpt=20.0),
     ]
-    cfg = parse_config_text(
-        "[cluster]\ngpus = 16\nnodes = 2\ngpus_per_node = 8\n"
-        "[[queues]]\nname = 'a'\nnominal = { gpus = 16 }\n"
-    )
-    opts = SimOptions(cycle_interval_s=0.0)
-    result = Simulator(jobs, cfg, POLICIES["preemptible"], opts).run()
+    result = _on_two_nodes(jobs, "preemptible")
     records = {r.trace.job_id: r for r in result.records}
     overall = summarize(result)["overall"]
     assert (overall["preemptions"], overall["moves"]) == (3, 3)
@@ -133,9 +137,7 @@ def test_small_jobs_move_off_a_node_and_a_gang_starts_on_it():
         assert [start for start, _ in small.runs] == [1.0, 1020.0]  # back after its save
     assert records["gang"].wait_s == pytest.approx(20.0)
     # kueue does not move: the gang waits for node 1's long jobs or the small ones to end.
-    records = {
-        r.trace.job_id: r for r in Simulator(jobs, cfg, POLICIES["kueue"], opts).run().records
-    }
+    records = {r.trace.job_id: r for r in _on_two_nodes(jobs, "kueue").records}
     assert records["gang"].wait_s > 40_000
     assert all(records[f"s{i}"].preemptions == 0 for i in range(3))
 
@@ -150,13 +152,7 @@ def test_a_moved_job_restarts_on_the_place_held_for_it_not_on_the_node_it_left()
         _job("w1", 0.3, 50_000, tier="high", ckpt=10.0),
         _job("gang", 2000, 3600, gpus=8, ckpt=10.0),
     ]
-    cfg = parse_config_text(
-        "[cluster]\ngpus = 16\nnodes = 2\ngpus_per_node = 8\n"
-        "[[queues]]\nname = 'a'\nnominal = { gpus = 16 }\n"
-    )
-    opts = SimOptions(cycle_interval_s=0.0)
-    result = Simulator(jobs, cfg, POLICIES["preemptible"], opts).run()
-    records = {r.trace.job_id: r for r in result.records}
+    records = {r.trace.job_id: r for r in _on_two_nodes(jobs, "preemptible").records}
     assert records["gang"].wait_s == pytest.approx(100.0)  # the slower save
     assert records["ma"].preemptions == records["mb"].preemptions == 1
 
