@@ -65,7 +65,12 @@ from preemptible.queue.core.model import (
 from preemptible.queue.core.patience import BORROWER_BLOCKED, ReclaimPatience
 from preemptible.queue.core.placement import Placement
 from preemptible.queue.core.policy import Ordering, Policy
-from preemptible.queue.core.preemption import find_victims, loans_due, saves_within_grace
+from preemptible.queue.core.preemption import (
+    find_victims,
+    in_cooldown,
+    loans_due,
+    saves_within_grace,
+)
 from preemptible.queue.core.quota import QuotaVerdict, check_quota, describe_limit, is_borrowing
 from preemptible.queue.core.state import GroupKey, Snapshot
 
@@ -423,8 +428,7 @@ class _Cycle:
             return False
         if not saves_within_grace(job, self.policy, self.config.preemption):
             return False
-        last = job.last_preempted_at
-        return last is None or self.now - last >= self.config.preemption.cooldown_s
+        return not in_cooldown(job, self.now, self.config.preemption)
 
     def _admit_reason(self, job: Job, verdict: QuotaVerdict) -> str:
         if not self.policy.quotas:

@@ -25,6 +25,7 @@ from preemptible.queue.core.model import Job, RunningJob
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.policy import Policy
 from preemptible.queue.core.preemption import (
+    in_cooldown,
     min_runtime_end,
     queue_budget_left,
     saves_within_grace,
@@ -167,8 +168,7 @@ def _movers_on(
             continue
         if policy.protect_min_runtime and now < min_runtime_end(rj, settings):
             continue
-        last = vjob.last_preempted_at
-        if policy.anti_thrashing and last is not None and now - last < settings.cooldown_s:
+        if policy.anti_thrashing and in_cooldown(vjob, now, settings):
             continue
         found.append(rj)
     found.sort(key=lambda rj: (rj.job.request.gpus, rj.job.id))

@@ -77,6 +77,12 @@ def saves_within_grace(job: Job, policy: Policy, settings: PreemptionSettings) -
     return job.checkpoint_on_notice and job.save_s <= victim_grace_s(job, policy, settings)
 
 
+def in_cooldown(job: Job, now: float, settings: PreemptionSettings) -> bool:
+    """`job` was preempted within the cooldown: another notice now would start a loop."""
+    last = job.last_preempted_at
+    return last is not None and now - last < settings.cooldown_s
+
+
 def lost_gpu_seconds(running: RunningJob, now: float, grace_s: float) -> float:
     """GPU-seconds a preemption now would waste: unsaved work (or the save) plus restore."""
     job = running.job
@@ -156,7 +162,6 @@ def find_victims(
     # A borrower that takes another queue's borrowed capacity runs on borrowed capacity itself:
     # the victim's queue can reclaim it back at once, so the save is lost for nothing.
     across = policy.tier_preemption_across_queues and verdict is not QuotaVerdict.BORROWING
-    cooldown = settings.cooldown_s
     for vq, running in state.running_by_queue.items():
         reclaim_q = can_reclaim and borrowing[vq] and vq != job.queue
         tier_q = can_tier and (vq == job.queue or (across and borrowing[vq]))
@@ -177,8 +182,7 @@ def find_victims(
                 ran_enough = now >= min_runtime_end(rj, settings)
                 tier_ok, loan_ok = tier_ok and ran_enough, loan_ok and ran_enough
             if tier_ok and policy.anti_thrashing:
-                last = vjob.last_preempted_at
-                tier_ok = last is None or now - last >= cooldown
+                tier_ok = not in_cooldown(vjob, now, settings)
             if not (reclaim_q or tier_ok or loan_ok):
                 continue
             cached = cost_cache.get(vjob.id) if cost_cache is not None else None
