@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from preemptible.errors import TraceFormatError
+from preemptible.errors import ConfigError, TraceFormatError
 from preemptible.queue.core import (
     ClusterState,
     Job,
@@ -141,7 +141,10 @@ class Simulator:
         if options is None:
             options = SimOptions()
         if options.checkpoint_mode not in ("aware", "periodic"):
-            raise ValueError("checkpoint_mode must be 'aware' or 'periodic'")
+            raise ConfigError(
+                f"SimOptions.checkpoint_mode must be 'aware' or 'periodic', "
+                f"not {options.checkpoint_mode!r}"
+            )
         self.jobs = jobs
         self.config = config
         self.policy = policy

@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from preemptible.errors import ConfigError
+
 
 class Tier(enum.StrEnum):
     """Priority tier of a job. Higher tiers are ordered first and may preempt lower ones."""
@@ -30,14 +32,14 @@ class Tier(enum.StrEnum):
         """Read a tier from its name, case-insensitively.
 
         Raises:
-            ValueError: the name is not one of critical, high, normal, low.
+            ConfigError: the name is not one of critical, high, normal, low.
         """
         if isinstance(value, Tier):
             return value
         try:
             return cls(str(value).strip().lower())
         except ValueError:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown tier {value!r}: use one of critical, high, normal, low"
             ) from None
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from preemptible.errors import ConfigError
+
 
 class Ordering(enum.StrEnum):
     """How pending jobs are ordered."""
@@ -136,9 +138,9 @@ def get_policy(name: str) -> Policy:
     """The built-in policy called `name`.
 
     Raises:
-        KeyError: unknown name (the message lists the known ones).
+        ConfigError: unknown name (the message lists the known ones).
     """
     try:
         return POLICIES[name]
     except KeyError:
-        raise KeyError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+        raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
