@@ -53,7 +53,7 @@ class UnsupportedStateError(CheckpointError, TypeError):
 
 
 class StateMismatchError(CheckpointError, KeyError):
-    """restore() found the checkpoint and the live state disagree (missing or extra keys)."""
+    """restore() found that the checkpoint and the live state disagree (a key, shape or type)."""
 
     def __str__(self) -> str:  # KeyError quotes its message; we want it readable.
         return str(self.args[0]) if self.args else ""

@@ -585,14 +585,21 @@ class Checkpointer:
     ) -> int | None:
         """Load a checkpoint into ``state`` in place; returns its step, or None if there is none.
 
-        Objects with ``load_state_dict`` are loaded in place, tensors are copied into (keeping
-        their device), nested dicts are restored recursively, other entries are replaced. The
-        live state is touched only after the whole checkpoint has been read and verified.
+        Afterwards ``state`` holds what ``load()`` returns. Objects with ``load_state_dict``
+        load their part; tensors are copied into (keeping their identity and device) and must
+        match in shape and dtype. Plain dicts are updated in place, keys only the checkpoint
+        has included; a list of the same length is restored item by item, one of another
+        length that holds only plain data takes the checkpoint's items; scalars, strings,
+        numpy arrays and tuples of plain data are replaced in their container. The live state
+        is touched only after the whole checkpoint has been read and verified and the two
+        have been found to agree.
 
         Raises:
             CheckpointNotFoundError: ``step`` was given and is not committed.
             CheckpointCorruptedError: ``step`` was given and its files fail verification.
-            StateMismatchError: ``state`` has keys the checkpoint lacks, or shapes differ.
+            StateMismatchError: ``state`` has a key the checkpoint lacks, a tensor of another
+                shape or dtype, a list of live state of another length, or a container where
+                the checkpoint has something else; ``state`` is left untouched.
         """
         started = time.perf_counter()
         # Sharded tensors load in place into the live ones, laid out for this job (resharding).
