@@ -8,6 +8,8 @@ matches, so code written against builtins keeps working. Every message says what
 
 from __future__ import annotations
 
+import warnings
+
 
 class PreemptibleError(Exception):
     """Base class of every error raised by preemptible."""
@@ -59,8 +61,11 @@ class StateMismatchError(CheckpointError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class SaveInProgressError(CheckpointError, RuntimeError):
-    """A background save failed; raised on the next call so that the failure never vanishes."""
+class BackgroundSaveError(CheckpointError, RuntimeError):
+    """A background save failed; raised by the next save() or wait() so that it never vanishes.
+
+    The original error is its ``__cause__``. Nothing of the failed save was committed.
+    """
 
 
 # --- storage -----------------------------------------------------------------------------------
@@ -94,6 +99,7 @@ class TraceFormatError(QueueError, ValueError):
 
 __all__ = [
     "BackendNotInstalledError",
+    "BackgroundSaveError",
     "CheckpointCorruptedError",
     "CheckpointError",
     "CheckpointFormatError",
@@ -103,9 +109,26 @@ __all__ = [
     "PreemptibleError",
     "PreemptibleWarning",
     "QueueError",
-    "SaveInProgressError",
     "StateMismatchError",
     "StorageError",
     "TraceFormatError",
     "UnsupportedStateError",
 ]
+
+
+_DEPRECATED = {"SaveInProgressError": "BackgroundSaveError"}
+
+
+def __getattr__(name: str) -> type[PreemptibleError]:
+    # Old names keep working for one release, with a warning; they are not in __all__.
+    new = _DEPRECATED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"preemptible.errors.{name} is deprecated: it is raised for a background save that "
+        f"failed, not one in progress; catch {new} instead",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    error: type[PreemptibleError] = globals()[new]
+    return error

@@ -65,13 +65,13 @@ from preemptible.checkpoint.storage import (
 )
 from preemptible.elastic import gloo_group, is_distributed, rank_and_world
 from preemptible.errors import (
+    BackgroundSaveError,
     CheckpointCorruptedError,
     CheckpointFormatError,
     CheckpointNotFoundError,
     ConfigError,
     PreemptibleError,
     PreemptibleWarning,
-    SaveInProgressError,
     StorageError,
 )
 
@@ -189,12 +189,12 @@ class Checkpointer:
         ``blocking=True`` returns once the checkpoint is durable. ``blocking=False`` returns a
         `SaveHandle` as soon as the state is captured (see `async_save`); the loop may then
         mutate the state freely. At most one save is in flight: a new save first waits for the
-        previous one, whose failure, if any, is raised here (`SaveInProgressError`).
+        previous one, whose failure, if any, is raised here (`BackgroundSaveError`).
 
         Raises:
             UnsupportedStateError: ``state`` holds a value that cannot be saved without pickle.
             StorageError: writing failed; earlier checkpoints are untouched.
-            SaveInProgressError: the previous background save failed.
+            BackgroundSaveError: the previous background save failed.
         """
         _check_step(step)
         started = time.perf_counter()
@@ -230,7 +230,7 @@ class Checkpointer:
         """Wait for the save in flight, if any; returns its info or raises its error.
 
         Raises:
-            SaveInProgressError: the background save failed (raised once, here or on save()).
+            BackgroundSaveError: the background save failed (raised once, here or on save()).
         """
         handle, self._in_flight = self._in_flight, None
         if handle is not None:
@@ -239,7 +239,7 @@ class Checkpointer:
         failed, self._failed = self._failed, None
         if failed is not None:
             step, error = failed
-            raise SaveInProgressError(
+            raise BackgroundSaveError(
                 f"the background save of step {step} failed: {error}. Nothing of it was "
                 "committed; the previous checkpoint is intact. Fix the cause and save again"
             ) from error
