@@ -142,7 +142,7 @@ def run_sim(
             raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}, all")
     if checkpointing not in ("aware", "periodic"):
         raise ConfigError(f"--checkpointing must be aware or periodic, not {checkpointing!r}")
-    cfg = parse_config_text(_read(config))
+    cfg = parse_config_text(_read(config), path=config)
     jobs = read_trace(trace)
     options = SimOptions(
         checkpoint_mode=checkpointing,

@@ -1,17 +1,20 @@
-"""The queue configuration of DESIGN.md §4, parsed from TOML text or an already-loaded dict.
+"""The queue configuration of docs/design.md, parsed from TOML text or an already-loaded dict.
 
 Parsing is pure: the shell reads the file (and resolves `gpus = "auto"` and `env:` tokens), this
 module only checks values and turns durations like "30s", "5m", "2h", "7d" into seconds. Every
-problem raises `ConfigError` naming the key and the fix, so a typo never becomes a silent default.
+problem raises `ConfigError` naming the key and the fix, so a typo never becomes a silent default;
+parsed from text, the message also gives the file and the line of the key (`_KeyLines`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from preemptible.errors import ConfigError
@@ -25,26 +28,17 @@ _RESOURCE_KEYS = ("gpus", "cpus", "memory_gb")
 def parse_duration(value: Any, *, key: str = "duration") -> float:
     """Seconds from "30s", "5m", "2h", "7d", "1w" or a plain number of seconds.
 
+    Args:
+        value: the duration as written.
+        key: what the value is (a key, a command-line option), named in the error message.
+
     Raises:
         ConfigError: the value is negative, infinite or not a duration.
     """
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a duration like '30s' or '5m', got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value))
-        if not match:
-            raise ConfigError(
-                f"{key}: {value!r} is not a duration; write a number with a unit, "
-                "e.g. '30s', '5m', '2h', '7d'"
-            )
-        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
-    if not math.isfinite(seconds):
-        raise ConfigError(f"{key}: must be a finite duration, got {value!r}")
-    if seconds < 0:
-        raise ConfigError(f"{key}: must not be negative, got {value!r}")
-    return seconds
+    try:
+        return _seconds(value, (key,))
+    except _Invalid as bad:
+        raise ConfigError(f"{key}: {bad.message}") from None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,47 +125,189 @@ class QueueConfig:
         raise ConfigError(f"no queue named {name!r} in the configuration (queues: {known})")
 
 
-def parse_config_text(text: str) -> QueueConfig:
-    """Parse TOML text in the DESIGN.md §4 format.
+def parse_config_text(text: str, *, path: str | Path | None = None) -> QueueConfig:
+    """Parse TOML text in the format of docs/design.md.
+
+    Args:
+        text: the TOML text.
+        path: the file the text was read from, named in error messages.
 
     Raises:
-        ConfigError: the TOML is malformed or a value is invalid.
+        ConfigError: the TOML is malformed or a value is invalid; the message names the file,
+            the line and the key.
     """
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"the configuration is not valid TOML: {exc}") from exc
-    return parse_config(data)
+        raise ConfigError(_syntax_message(exc, text, path)) from exc
+    try:
+        return _parse(data)
+    except _Invalid as bad:
+        raise ConfigError(bad.describe(path=path, lines=_KeyLines(text))) from None
 
 
 def parse_config(data: Mapping[str, Any]) -> QueueConfig:
     """Check and convert an already-loaded configuration mapping.
 
     Raises:
-        ConfigError: a key is unknown or missing, or a value is invalid.
+        ConfigError: a key is unknown or missing, or a value is invalid (the message names the
+            key; there is no line to name).
     """
-    _only(data, {"cluster", "policy", "preemption", "queues"}, "top level")
+    try:
+        return _parse(data)
+    except _Invalid as bad:
+        raise ConfigError(bad.describe()) from None
+
+
+# --- where a problem is --------------------------------------------------------------------------
+
+Key = tuple[str | int, ...]
+"""A key as a path from the top of the file: ("queues", 1, "nominal", "gpus")."""
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_TOML_POSITION = re.compile(
+    r"^(?P<what>.*) \(at (?:line (?P<line>\d+), column (?P<col>\d+)|end of document)\)$"
+)
+
+
+class _Invalid(Exception):
+    """A problem with one key. Raised inside this module, where the text is not at hand; the
+    public entry points turn it into a `ConfigError` that also says where the key is."""
+
+    def __init__(self, key: Key, message: str, *, missing: bool = False):
+        super().__init__(message)
+        self.key = key
+        self.message = message
+        self.missing = missing  # absent: point at the table that should hold it
+
+    def describe(self, *, path: str | Path | None = None, lines: _KeyLines | None = None) -> str:
+        line = None
+        if lines is not None:
+            # An absent key is pointed at by its table's header; a key at the top by nothing.
+            key = self.key[:-1] if self.missing else self.key
+            while key and line is None:
+                line = lines.line_of(key)
+                key = key[:-1]
+        return f"{_where(path, line)}{_dotted(self.key)}: {self.message}"
+
+
+def _dotted(key: Key) -> str:
+    """A key as written in messages: `queues[1].nominal.gpus`."""
+    out = ""
+    for part in key:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            name = part if _BARE_KEY.match(part) else json.dumps(part)
+            out += f".{name}" if out else name
+    return out or "the top level"
+
+
+def _where(path: str | Path | None, line: int | None) -> str:
+    if path is not None and line is not None:
+        return f"{path}:{line}: "
+    if path is not None:
+        return f"{path}: "
+    if line is not None:
+        return f"line {line}: "
+    return ""
+
+
+class _KeyLines:
+    """Finds the line that defines a key in TOML text.
+
+    tomllib reports no positions, and a scanner of our own would have to repeat TOML's quoting,
+    dotted keys, inline tables and arrays of tables to get them right. Instead this parses
+    prefixes of the text with tomllib itself: the shortest prefix that holds the key ends on the
+    line where its definition starts. Prefixes only grow, so a bisection needs about log2(lines)
+    parses. A prefix cut inside a multi-line value does not parse and counts as the next one
+    that does, so a key inside a multi-line array is placed on the line where the array starts.
+    Only ever run on the error path.
+    """
+
+    def __init__(self, text: str):
+        self._lines = text.split("\n")
+
+    def line_of(self, key: Key) -> int | None:
+        """1-based line where `key` is defined, or None when the text does not hold it."""
+        lo, hi = 1, len(self._lines)
+        if not self._holds_from(hi, key):
+            return None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._holds_from(mid, key):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def _holds_from(self, count: int, key: Key) -> bool:
+        """Whether the first prefix of at least `count` lines that parses holds `key`."""
+        for end in range(count, len(self._lines) + 1):
+            try:
+                # The newline keeps a CRLF file's last "\r" from standing alone (invalid TOML).
+                data = tomllib.loads("\n".join(self._lines[:end]) + "\n")
+            except tomllib.TOMLDecodeError:
+                continue
+            return _holds(data, key)
+        return False
+
+
+def _holds(data: Any, key: Key) -> bool:
+    node = data
+    for part in key:
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                return False
+        elif not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _syntax_message(exc: tomllib.TOMLDecodeError, text: str, path: str | Path | None) -> str:
+    match = _TOML_POSITION.match(str(exc))
+    if match is None:
+        line, what = None, str(exc)
+    elif match["line"] is None:  # "at end of document": an unclosed string or bracket
+        line, what = len(text.rstrip().split("\n")), f"{match['what']} at the end of the file"
+    else:
+        line, what = int(match["line"]), f"{match['what']} (column {match['col']})"
+    return f"{_where(path, line)}the configuration is not valid TOML: {what}"
+
+
+# --- the tables ----------------------------------------------------------------------------------
+
+
+def _parse(data: Mapping[str, Any]) -> QueueConfig:
+    _only(data, {"cluster", "policy", "preemption", "queues"}, ())
     cluster, gpus_auto = _cluster(data.get("cluster"))
     policy = _policy(data.get("policy", {}))
     preemption = _preemption(data.get("preemption", {}))
     raw_queues = data.get("queues", [])
     if not isinstance(raw_queues, list):
-        raise ConfigError("queues: write each queue as a [[queues]] table")
+        raise _Invalid(("queues",), "write each queue as a [[queues]] table")
     queues: list[Queue] = []
     tokens: dict[str, str] = {}
     for i, raw in enumerate(raw_queues):
         queue, token = _queue(raw, i)
-        if any(q.name == queue.name for q in queues):
-            raise ConfigError(f"queues: the name {queue.name!r} is used twice")
+        for j, other in enumerate(queues):
+            if other.name == queue.name:
+                raise _Invalid(
+                    ("queues", i, "name"),
+                    f"the name {queue.name!r} is used twice (also by queues[{j}]); "
+                    "give each queue its own name",
+                )
         queues.append(queue)
         if token is not None:
             tokens[queue.name] = token
     if not gpus_auto:
         nominal = sum(q.nominal.gpus for q in queues if q.nominal.gpus != NO_LIMIT)
         if nominal > cluster.gpus:
-            raise ConfigError(
-                f"queues: nominal quotas add up to {nominal:g} GPUs but the cluster has "
-                f"{cluster.gpus}; lower a nominal quota or raise cluster.gpus"
+            raise _Invalid(
+                ("cluster", "gpus"),
+                f"the queues' nominal quotas add up to {nominal:g} GPUs but the cluster has "
+                f"{cluster.gpus}; lower a nominal quota or raise cluster.gpus",
             )
     return QueueConfig(
         cluster=cluster,
@@ -183,54 +319,99 @@ def parse_config(data: Mapping[str, Any]) -> QueueConfig:
     )
 
 
-def _only(table: Mapping[str, Any], allowed: set[str], where: str) -> None:
+def _only(table: Any, allowed: set[str], key: Key) -> None:
     if not isinstance(table, Mapping):
-        raise ConfigError(f"{where}: expected a table, got {type(table).__name__}")
+        raise _Invalid(key, f"expected a table, got {type(table).__name__}")
     unknown = sorted(set(table) - allowed)
     if unknown:
-        raise ConfigError(
-            f"{where}: unknown key {unknown[0]!r}; allowed keys are {', '.join(sorted(allowed))}"
+        raise _Invalid(
+            (*key, unknown[0]),
+            f"unknown key {unknown[0]!r}; allowed keys are {', '.join(sorted(allowed))}",
         )
 
 
-def _number(value: Any, key: str, *, minimum: float = 0.0, integer: bool = False) -> float:
+def _seconds(value: Any, key: Key) -> float:
+    if isinstance(value, bool):
+        raise _Invalid(key, f"expected a duration like '30s' or '5m', got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise _Invalid(
+                key,
+                f"{value!r} is not a duration; write a number with a unit, "
+                "e.g. '30s', '5m', '2h', '7d'",
+            )
+        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    if not math.isfinite(seconds):
+        raise _Invalid(key, f"must be a finite duration, got {value!r}")
+    if seconds < 0:
+        raise _Invalid(key, f"must not be negative, got {value!r}")
+    return seconds
+
+
+def _positive_seconds(value: Any, key: Key) -> float:
+    seconds = _seconds(value, key)
+    if seconds <= 0:
+        raise _Invalid(key, "must be longer than 0s")
+    return seconds
+
+
+def _number(value: Any, key: Key, *, minimum: float = 0.0, integer: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        raise _Invalid(key, f"expected a number, got {value!r}")
     if integer and int(value) != value:
-        raise ConfigError(f"{key}: expected a whole number, got {value!r}")
+        raise _Invalid(key, f"expected a whole number, got {value!r}")
     if value < minimum:
-        raise ConfigError(f"{key}: must be at least {minimum:g}, got {value!r}")
+        raise _Invalid(key, f"must be at least {minimum:g}, got {value!r}")
     return float(value)
+
+
+def _switch(value: Any, key: Key) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(key, f"expected true or false, got {value!r}")
+    return value
 
 
 def _cluster(raw: Any) -> tuple[Cluster, bool]:
     if raw is None:
-        raise ConfigError("[cluster] is missing; add at least `gpus = N`")
-    _only(raw, {"gpus", "cpus", "memory_gb", "nodes", "gpus_per_node"}, "cluster")
+        raise _Invalid(
+            ("cluster",), "[cluster] is missing; add it with at least `gpus = N`", missing=True
+        )
+    _only(raw, {"gpus", "cpus", "memory_gb", "nodes", "gpus_per_node"}, ("cluster",))
     if "gpus" not in raw:
-        raise ConfigError('cluster.gpus is missing; give a number or "auto"')
+        raise _Invalid(
+            ("cluster", "gpus"), 'missing from [cluster]; give a number or "auto"', missing=True
+        )
     gpus_auto = raw["gpus"] == "auto"
-    gpus = 0 if gpus_auto else int(_number(raw["gpus"], "cluster.gpus", integer=True))
+    gpus = 0 if gpus_auto else int(_number(raw["gpus"], ("cluster", "gpus"), integer=True))
     nodes = raw.get("nodes")
     per_node = raw.get("gpus_per_node")
     if (nodes is None) != (per_node is None):
-        raise ConfigError("cluster: give both `nodes` and `gpus_per_node`, or neither")
+        given, absent = (
+            ("nodes", "gpus_per_node") if per_node is None else ("gpus_per_node", "nodes")
+        )
+        raise _Invalid(
+            ("cluster", given),
+            f"cluster.{absent} is missing; give both `nodes` and `gpus_per_node`, or neither",
+        )
     if nodes is not None:
-        nodes = int(_number(nodes, "cluster.nodes", minimum=1, integer=True))
-        per_node = int(_number(per_node, "cluster.gpus_per_node", minimum=1, integer=True))
+        nodes = int(_number(nodes, ("cluster", "nodes"), minimum=1, integer=True))
+        per_node = int(_number(per_node, ("cluster", "gpus_per_node"), minimum=1, integer=True))
         if gpus_auto:
             gpus = nodes * per_node
             gpus_auto = False
         elif nodes * per_node != gpus:
-            raise ConfigError(
-                f"cluster: nodes * gpus_per_node = {nodes * per_node} but gpus = {gpus}; "
-                "make them agree"
+            raise _Invalid(
+                ("cluster", "nodes"),
+                f"nodes * gpus_per_node = {nodes * per_node} but gpus = {gpus}; make them agree",
             )
     return (
         Cluster(
             gpus=gpus,
-            cpus=_number(raw.get("cpus", 0), "cluster.cpus"),
-            memory_gb=_number(raw.get("memory_gb", 0), "cluster.memory_gb"),
+            cpus=_number(raw.get("cpus", 0), ("cluster", "cpus")),
+            memory_gb=_number(raw.get("memory_gb", 0), ("cluster", "memory_gb")),
             nodes=nodes,
             gpus_per_node=per_node,
         ),
@@ -249,39 +430,32 @@ def _policy(raw: Any) -> PolicySettings:
         "backfill_depth",
         "defragment",
     }
-    _only(raw, keys, "policy")
-    out = PolicySettings()
+    _only(raw, keys, ("policy",))
     kwargs: dict[str, Any] = {}
     if "fair_share_half_life" in raw:
-        kwargs["fair_share_half_life_s"] = parse_duration(
-            raw["fair_share_half_life"], key="policy.fair_share_half_life"
+        kwargs["fair_share_half_life_s"] = _positive_seconds(
+            raw["fair_share_half_life"], ("policy", "fair_share_half_life")
         )
-        if kwargs["fair_share_half_life_s"] <= 0:
-            raise ConfigError("policy.fair_share_half_life: must be longer than 0s")
     if "aging" in raw:
-        kwargs["aging_s"] = parse_duration(raw["aging"], key="policy.aging")
-        if kwargs["aging_s"] <= 0:
-            raise ConfigError("policy.aging: must be longer than 0s")
+        kwargs["aging_s"] = _positive_seconds(raw["aging"], ("policy", "aging"))
     if "aging_max_units" in raw:
-        kwargs["aging_max_units"] = _number(raw["aging_max_units"], "policy.aging_max_units")
+        kwargs["aging_max_units"] = _number(raw["aging_max_units"], ("policy", "aging_max_units"))
     if "starvation_limit" in raw:
-        kwargs["starvation_limit_s"] = parse_duration(
-            raw["starvation_limit"], key="policy.starvation_limit"
+        kwargs["starvation_limit_s"] = _seconds(
+            raw["starvation_limit"], ("policy", "starvation_limit")
         )
     for switch in ("backfill", "defragment"):
         if switch in raw:
-            if not isinstance(raw[switch], bool):
-                raise ConfigError(f"policy.{switch}: expected true or false, got {raw[switch]!r}")
-            kwargs[switch] = raw[switch]
+            kwargs[switch] = _switch(raw[switch], ("policy", switch))
     if "default_estimate" in raw:
-        kwargs["default_estimate_s"] = parse_duration(
-            raw["default_estimate"], key="policy.default_estimate"
+        kwargs["default_estimate_s"] = _seconds(
+            raw["default_estimate"], ("policy", "default_estimate")
         )
     if "backfill_depth" in raw:
         kwargs["backfill_depth"] = int(
-            _number(raw["backfill_depth"], "policy.backfill_depth", minimum=1, integer=True)
+            _number(raw["backfill_depth"], ("policy", "backfill_depth"), minimum=1, integer=True)
         )
-    return PolicySettings(**{**_fields(out), **kwargs})
+    return PolicySettings(**{**_fields(PolicySettings()), **kwargs})
 
 
 def _preemption(raw: Any) -> PreemptionSettings:
@@ -293,58 +467,64 @@ def _preemption(raw: Any) -> PreemptionSettings:
         "cooldown": "cooldown_s",
     }
     numbers = {"grace_safety": "grace_safety", "min_runtime_multiple": "min_runtime_multiple"}
-    _only(raw, {*durations, *numbers, "queue_budget_per_hour", "enabled"}, "preemption")
+    _only(raw, {*durations, *numbers, "queue_budget_per_hour", "enabled"}, ("preemption",))
     kwargs: dict[str, Any] = {}
     for key, attr in durations.items():
         if key in raw:
-            kwargs[attr] = parse_duration(raw[key], key=f"preemption.{key}")
+            kwargs[attr] = _seconds(raw[key], ("preemption", key))
     for key, attr in numbers.items():
         if key in raw:
-            kwargs[attr] = _number(raw[key], f"preemption.{key}")
+            kwargs[attr] = _number(raw[key], ("preemption", key))
     if "queue_budget_per_hour" in raw:
         kwargs["queue_budget_per_hour"] = int(
-            _number(raw["queue_budget_per_hour"], "preemption.queue_budget_per_hour", integer=True)
+            _number(
+                raw["queue_budget_per_hour"], ("preemption", "queue_budget_per_hour"), integer=True
+            )
         )
     if "enabled" in raw:
-        if not isinstance(raw["enabled"], bool):
-            raise ConfigError("preemption.enabled: expected true or false")
-        kwargs["enabled"] = raw["enabled"]
+        kwargs["enabled"] = _switch(raw["enabled"], ("preemption", "enabled"))
     settings = PreemptionSettings(**{**_fields(PreemptionSettings()), **kwargs})
     if settings.grace_min_s > settings.grace_max_s:
-        raise ConfigError(
-            f"preemption: grace_min ({settings.grace_min_s:g}s) is larger than grace_max "
-            f"({settings.grace_max_s:g}s); swap them"
+        both = "grace_min" in raw and "grace_max" in raw
+        default_min = "" if "grace_min" in raw else ", the default"
+        default_max = "" if "grace_max" in raw else ", the default"
+        raise _Invalid(
+            ("preemption", "grace_min" if "grace_min" in raw else "grace_max"),
+            f"grace_min ({settings.grace_min_s:g}s{default_min}) is larger than grace_max "
+            f"({settings.grace_max_s:g}s{default_max}); "
+            + ("swap them" if both else "set both so that grace_min <= grace_max"),
         )
     return settings
 
 
-def _limits(raw: Any, key: str, *, default: float) -> Limits:
+def _limits(raw: Any, key: Key, *, default: float) -> Limits:
     if raw is None:
         return Limits(gpus=default)
     _only(raw, set(_RESOURCE_KEYS), key)
-    values = {name: _number(raw[name], f"{key}.{name}") for name in _RESOURCE_KEYS if name in raw}
+    values = {name: _number(raw[name], (*key, name)) for name in _RESOURCE_KEYS if name in raw}
     return Limits(**values)
 
 
 def _queue(raw: Any, index: int) -> tuple[Queue, str | None]:
-    where = f"queues[{index}]"
+    where: Key = ("queues", index)
     _only(raw, {"name", "weight", "nominal", "borrowing_limit", "token"}, where)
     name = raw.get("name")
+    if name is None:
+        raise _Invalid((*where, "name"), "missing; every queue needs a `name`", missing=True)
     if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"{where}: every queue needs a non-empty `name`")
-    where = f"queue {name!r}"
-    weight = _number(raw.get("weight", 1.0), f"{where}.weight")
+        raise _Invalid((*where, "name"), f"every queue needs a non-empty `name`, got {name!r}")
+    weight = _number(raw.get("weight", 1.0), (*where, "weight"))
     if weight <= 0:
-        raise ConfigError(f"{where}.weight: must be greater than 0, got {weight:g}")
+        raise _Invalid((*where, "weight"), f"must be greater than 0, got {weight:g}")
     token = raw.get("token")
     if token is not None and not isinstance(token, str):
-        raise ConfigError(f"{where}.token: expected a string such as 'env:TEAM_A_TOKEN'")
+        raise _Invalid((*where, "token"), "expected a string such as 'env:TEAM_A_TOKEN'")
     queue = Queue(
         name=name,
         weight=weight,
-        nominal=_limits(raw.get("nominal"), f"{where}.nominal", default=0),
+        nominal=_limits(raw.get("nominal"), (*where, "nominal"), default=0),
         borrowing_limit=_limits(
-            raw.get("borrowing_limit"), f"{where}.borrowing_limit", default=NO_LIMIT
+            raw.get("borrowing_limit"), (*where, "borrowing_limit"), default=NO_LIMIT
         ),
     )
     return queue, token
