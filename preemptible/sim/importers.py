@@ -1,7 +1,7 @@
-"""Convert the public traces in ../shared/traces/ to the canonical trace, and size a cluster.
+"""Convert public GPU cluster traces to the canonical trace, and size a cluster.
 
-The layout is recognised from the header row, as `shared/traces/stats.py` does. What each
-source lacks is filled in openly, never invented silently:
+The layout is recognised from the header row. What each source lacks is filled in openly,
+never invented silently:
 
 - Philly (Pollux `philly.csv`): queue = the Philly VC (`cluster` column); tier normal.
 - Chronus (`trace_job_Philly_*.csv`): times are minutes (x60); queue = the VC (`user`);
@@ -10,12 +10,12 @@ source lacks is filled in openly, never invented silently:
   `teams` synthetic queues by a hash of the job id (stable across runs); tier normal.
 
 No source has runtime estimates or checkpoint costs; those columns stay empty and the simulator
-uses its defaults (see `SimOptions`).
+uses its defaults (see `SimOptions`). A value that cannot be read raises `TraceFormatError`
+naming the file, the line (the header is line 1) and the column.
 """
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import math
 import zlib
@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from preemptible.errors import TraceFormatError
+from preemptible.errors import ConfigError, TraceFormatError
 from preemptible.queue.core import QueueConfig
-from preemptible.sim.trace import REQUIRED, TraceJob, read_trace
+from preemptible.sim.trace import REQUIRED, TraceJob, numbered_rows, read_trace
 
 TEAM_NAMES = tuple(f"team-{c}" for c in "abcdefghij")
 
@@ -66,35 +66,36 @@ def import_trace(path: str | Path, *, teams: int = 4) -> Imported:
     """Read a public trace (or a canonical one) into canonical jobs, submit times from 0.
 
     Raises:
-        TraceFormatError: the layout is not recognised or a value is invalid.
+        ConfigError: `teams` is out of range.
+        TraceFormatError: the layout is not recognised or a value is invalid (the message names
+            the file, the line and the column).
     """
     path = Path(path)
     if not 1 <= teams <= len(TEAM_NAMES):
-        raise TraceFormatError(f"teams must be between 1 and {len(TEAM_NAMES)}")
+        raise ConfigError(f"teams must be between 1 and {len(TEAM_NAMES)}, not {teams}")
+    jobs: list[TraceJob] = []
+    dropped = 0
     with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        header = [h.strip() for h in (reader.fieldnames or [])]
+        header, rows = numbered_rows(path, fh)
         layout = detect_layout(header)
         if layout is None:
             raise TraceFormatError(
-                f"{path}: unknown trace layout (columns: {', '.join(header)}); expected the "
+                f"{path}:1: unknown trace layout (columns: {', '.join(header)}); expected the "
                 "canonical columns or a Philly, Chronus, ITP or Tiresias trace"
             )
         if layout == "canonical":
             return Imported(layout=layout, jobs=read_trace(path), dropped=0)
-        reader.fieldnames = header
-        rows = list(reader)
-    jobs: list[TraceJob] = []
-    dropped = 0
-    for line, row in enumerate(rows, start=2):
-        try:
-            job = _convert(layout, row, line, teams)
-        except (ValueError, KeyError) as exc:
-            raise TraceFormatError(f"{path}:{line}: {exc}") from None
-        if job is None:
-            dropped += 1
-        else:
-            jobs.append(job)
+        for index, (line, row) in enumerate(rows, start=1):
+            try:
+                job = _convert(layout, row, index, teams)
+            except _BadCell as bad:
+                raise TraceFormatError(
+                    f"{path}:{line}: column {bad.column!r}: {bad.problem}"
+                ) from None
+            if job is None:
+                dropped += 1
+            else:
+                jobs.append(job)
     if not jobs:
         raise TraceFormatError(f"{path}: no usable rows")
     t0 = min(j.submit_s for j in jobs)
@@ -115,26 +116,63 @@ def _shift(job: TraceJob, t0: float) -> TraceJob:
     )
 
 
-def _convert(layout: str, row: dict[str, str], line: int, teams: int) -> TraceJob | None:
+class _BadCell(Exception):
+    """A cell that cannot be read; `import_trace` adds the file and the line."""
+
+    def __init__(self, column: str, problem: str):
+        super().__init__(problem)
+        self.column = column
+        self.problem = problem
+
+
+def _cell(row: dict[str, str], column: str) -> str:
+    value = row.get(column)
+    if value is None:
+        raise _BadCell(column, "no value (the column is absent or the row is short)")
+    return value.strip()
+
+
+def _float(row: dict[str, str], column: str) -> float:
+    """The cell as a number; nan and inf pass (the row is then dropped, as without times)."""
+    raw = _cell(row, column)
+    try:
+        return float(raw)
+    except ValueError:
+        raise _BadCell(column, f"{raw!r} is not a number") from None
+
+
+def _count(row: dict[str, str], column: str) -> int:
+    value = _float(row, column)
+    if not math.isfinite(value):
+        raise _BadCell(column, f"{row[column].strip()!r} is not a GPU count")
+    return int(value)
+
+
+def _convert(layout: str, row: dict[str, str], index: int, teams: int) -> TraceJob | None:
+    """The canonical job of the `index`-th row (from 1), or None to drop the row."""
     if layout == "philly-pollux":
-        when = dt.datetime.fromisoformat(row["timestamp"].strip()).replace(tzinfo=dt.UTC)
-        gpus = int(float(row["num_gpus"]))
-        job_id, submit = f"philly-{line - 1}", when.timestamp()
-        duration, queue, tier = float(row["duration"]), f"vc-{row['cluster'].strip()}", "normal"
+        raw_when = _cell(row, "timestamp")
+        try:
+            when = dt.datetime.fromisoformat(raw_when).replace(tzinfo=dt.UTC)
+        except ValueError:
+            raise _BadCell("timestamp", f"{raw_when!r} is not an ISO date and time") from None
+        gpus = _count(row, "num_gpus")
+        job_id, submit = f"philly-{index}", when.timestamp()
+        duration, queue, tier = _float(row, "duration"), f"vc-{_cell(row, 'cluster')}", "normal"
     elif layout == "chronus":
-        gpus = int(float(row["num_gpu"]))
-        job_id = f"chronus-{row['job_id'].strip()}"
-        submit, duration = float(row["submit_time"]) * 60.0, float(row["duration"]) * 60.0
-        queue = row["user"].strip() or "vc-unknown"
+        gpus = _count(row, "num_gpu")
+        job_id = f"chronus-{_cell(row, 'job_id')}"
+        submit, duration = _float(row, "submit_time") * 60.0, _float(row, "duration") * 60.0
+        queue = _cell(row, "user") or "vc-unknown"
         tier = {"strict": "high", "soft": "normal", "best": "low"}.get(
-            row["job_type"].strip(), "normal"
+            _cell(row, "job_type"), "normal"
         )
     else:  # itp, tiresias
-        gpus = int(float(row["num_gpu"]))
-        raw_id = row["job_id"].strip()
+        gpus = _count(row, "num_gpu")
+        raw_id = _cell(row, "job_id")
         job_id = raw_id if layout == "itp" else f"tiresias-{raw_id}"
         submit_col = "submission_time" if layout == "itp" else "submit_time"
-        submit, duration = float(row[submit_col]), float(row["duration"])
+        submit, duration = _float(row, submit_col), _float(row, "duration")
         queue, tier = _team(job_id, teams), "normal"
     if gpus <= 0 or not math.isfinite(submit) or not math.isfinite(duration):
         return None

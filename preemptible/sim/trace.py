@@ -1,4 +1,4 @@
-"""The canonical trace format: one CSV row per job (DESIGN.md §6, contract).
+"""The canonical trace format: one CSV row per job (the contract of docs/design.md).
 
 Required columns: job_id, submit_s, duration_s, gpus, queue, tier.
 Optional columns: cpus, memory_gb, estimate_s, checkpoint_s (empty cells mean "not given").
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,31 +47,69 @@ def read_trace(path: str | Path) -> list[TraceJob]:
     """Read a canonical trace CSV, sorted by submit time then file order.
 
     Raises:
-        TraceFormatError: a required column is missing or a value is invalid.
+        TraceFormatError: a required column is missing or a value is invalid; the message names
+            the file, the line (1-based, the header is line 1) and the column.
         OSError: the file cannot be read.
     """
     path = Path(path)
     with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        header = [h.strip() for h in (reader.fieldnames or [])]
+        header, rows = numbered_rows(path, fh)
         missing = [c for c in REQUIRED if c not in header]
         if missing:
             raise TraceFormatError(
-                f"{path}: missing column {missing[0]!r} (a trace needs {', '.join(REQUIRED)}; "
-                "convert public traces with `preemptible sim import`)"
+                f"{path}: missing column {missing[0]!r} in the header (line 1); a trace needs "
+                f"{', '.join(REQUIRED)} (convert public traces with `preemptible sim import`)"
             )
-        reader.fieldnames = header
-        jobs = [_row(path, line, row) for line, row in enumerate(reader, start=2)]
-    seen: set[str] = set()
-    for job in jobs:
-        if job.job_id in seen:
-            raise TraceFormatError(f"{path}: job_id {job.job_id!r} appears twice")
-        seen.add(job.job_id)
+        jobs: list[TraceJob] = []
+        first_seen: dict[str, int] = {}
+        for line, row in rows:
+            job = _row(path, line, row)
+            if job.job_id in first_seen:
+                raise TraceFormatError(
+                    f"{path}:{line}: column 'job_id': {job.job_id!r} appears twice (first on "
+                    f"line {first_seen[job.job_id]}); give each job its own id"
+                )
+            first_seen[job.job_id] = line
+            jobs.append(job)
     jobs.sort(key=lambda j: j.submit_s)
     return jobs
 
 
-def _row(path: Path, line: int, row: dict[str, str | None]) -> TraceJob:
+def numbered_rows(
+    path: Path, lines: Iterable[str]
+) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
+    """The stripped header of a CSV and its rows as (line, {column: cell}).
+
+    The line is where the row starts in the file, counted from 1 with the header as line 1, so
+    that blank lines and quoted cells that span lines do not shift it (counting rows would).
+    A short row lacks its last columns, as with `csv.DictReader`.
+
+    Raises:
+        TraceFormatError: the CSV itself is malformed (the message names the line).
+    """
+    reader = csv.reader(lines)
+    try:
+        header = [h.strip() for h in next(reader, [])]
+    except csv.Error as exc:
+        raise TraceFormatError(f"{path}:{reader.line_num}: not a valid CSV header: {exc}") from None
+
+    def rows() -> Iterator[tuple[int, dict[str, str]]]:
+        while True:
+            start = reader.line_num + 1
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                raise TraceFormatError(f"{path}:{start}: not a valid CSV row: {exc}") from None
+            if not cells:  # a blank line
+                continue
+            yield start, dict(zip(header, cells, strict=False))
+
+    return header, rows()
+
+
+def _row(path: Path, line: int, row: dict[str, str]) -> TraceJob:
     def text(col: str) -> str:
         value = row.get(col)
         return "" if value is None else value.strip()

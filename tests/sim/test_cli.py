@@ -117,3 +117,40 @@ def test_sim_notes_jobs_larger_than_their_queue_nominal_quota(tmp_path, small_tr
     assert (found["queue"], found["jobs"], found["largest_gpus"]) == ("team-a", 17, 8)
     proc = run_cli("--trace", str(small_trace), "--config", str(small_config), "--policy", "fifo")
     assert proc.returncode == 0 and "note:" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("config", "trace", "expected"),
+    [
+        (
+            "[cluster]\ngpus = 16\n\n[[queues]]\nname = 'team-a'\nweight = 0\n",
+            None,
+            "{cfg}:6: queues[0].weight: must be greater than 0, got 0",
+        ),
+        (
+            "[cluster]\ngpus = 16\n[policy\n",
+            None,
+            "{cfg}:3: the configuration is not valid TOML: Expected ']' at the end of a table "
+            "declaration (column 8)",
+        ),
+        (
+            None,
+            "job_id,submit_s,duration_s,gpus,queue,tier\n1,0,10,1,team-a,normal\n2,0,x,1,team-a,low\n",
+            "{trace}:3: column 'duration_s': 'x' is not a number",
+        ),
+    ],
+    ids=["config-value", "config-syntax", "trace-value"],
+)
+def test_bad_files_print_one_line_naming_file_and_line(
+    tmp_path, small_trace, small_config, config, trace, expected
+):
+    cfg, csv = small_config, small_trace
+    if config is not None:
+        cfg = tmp_path / "bad.toml"
+        cfg.write_text(config)
+    if trace is not None:
+        csv = tmp_path / "bad.csv"
+        csv.write_text(trace)
+    proc = run_cli("--trace", str(csv), "--config", str(cfg), "--policy", "fifo")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["error: " + expected.format(cfg=cfg, trace=csv)]
