@@ -15,8 +15,14 @@ from tests.helpers import assert_same, make_state
 
 
 @pytest.fixture(params=["local-fork", "local-copy", "memory-copy", "s3-copy"])
-def async_ckpt(request, tmp_path):
+def backend_and_mode(request) -> tuple[str, str]:
     backend, mode = request.param.split("-")
+    return backend, mode
+
+
+@pytest.fixture
+def async_ckpt(backend_and_mode, request, tmp_path):
+    backend, mode = backend_and_mode
     if backend == "local":
         return Checkpointer(tmp_path / "ckpt", async_mode=mode)
     if backend == "memory":
@@ -27,7 +33,7 @@ def async_ckpt(request, tmp_path):
     return Checkpointer(root.url, storage_options=root.storage_options, async_mode=mode)
 
 
-def test_the_checkpoint_holds_the_values_at_the_time_of_the_call(async_ckpt):
+def test_the_checkpoint_holds_the_values_at_the_time_of_the_call(async_ckpt, backend_and_mode):
     model = torch.nn.Linear(512, 512)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -38,7 +44,7 @@ def test_the_checkpoint_holds_the_values_at_the_time_of_the_call(async_ckpt):
     info = handle.wait()
     assert info.step == 1 and handle.done()
     assert_same(before, async_ckpt.load(1)["model"])
-    assert handle.mode in ("fork", "copy")
+    assert handle.mode == backend_and_mode[1]  # the mode asked for, no silent fallback
 
 
 def test_a_second_save_waits_for_the_first_so_at_most_one_is_in_flight(async_ckpt):
@@ -83,7 +89,8 @@ def test_a_failed_background_save_surfaces_on_the_next_call_and_in_the_log(caplo
 def test_a_failed_forked_save_reports_the_childs_error(tiny_disk):
     ckpt = Checkpointer(tiny_disk / "run", async_mode="fork")
     ckpt.save(1, make_state(1, mib=1.0), blocking=False).wait()
-    ckpt.save(2, make_state(2, mib=6.0), blocking=False)
+    handle = ckpt.save(2, make_state(2, mib=6.0), blocking=False)
+    assert handle.mode == "fork"  # the error below came from the child, not from a copy
     with pytest.raises(SaveInProgressError, match="No space left"):
         ckpt.wait()
     assert [i.step for i in ckpt.list()] == [1]
