@@ -32,11 +32,30 @@ SCHEMA_KEYS = {
 }
 
 
-@pytest.mark.parametrize("policy", sorted(EXPECTED.keys() - {"_comment"}))
+@pytest.mark.parametrize("policy", sorted(k for k in EXPECTED if not k.startswith("_")))
 def test_small_trace_metrics_stay_in_their_ranges(small_report, policy):
     overall = small_report["policies"][policy]["overall"]
-    for key, (lo, hi) in EXPECTED[policy].items():
+    bands = {k: v for k, v in EXPECTED[policy].items() if not k.startswith("_")}
+    for key, (lo, hi) in bands.items():
         assert lo <= overall[key] <= hi, f"{policy} {key} = {overall[key]} not in [{lo}, {hi}]"
+
+
+def test_the_derived_bounds_of_the_ranges_match_the_trace(small_trace, small_config):
+    # The goodput ceiling of expected_ranges.json comes from the trace: no schedule ends before
+    # the latest submit + duration, so goodput <= work / (gpus x that horizon).
+    derived = EXPECTED["_derived"]
+    jobs = read_trace(small_trace)
+    work = sum(j.gpus * j.duration_s for j in jobs)
+    first = min(j.submit_s for j in jobs)
+    horizon = max(max(j.submit_s + j.duration_s for j in jobs) - first, work / derived["gpus"])
+    assert parse_config_text(small_config.read_text()).cluster.gpus == derived["gpus"]
+    assert work == pytest.approx(derived["work_gpu_s"])
+    assert horizon == pytest.approx(derived["shortest_horizon_s"])
+    ceiling = work / (derived["gpus"] * horizon)
+    assert derived["goodput_ceiling"] == pytest.approx(ceiling, abs=0.001)
+    for policy, bands in EXPECTED.items():
+        if not policy.startswith("_"):
+            assert bands["goodput"][1] == derived["goodput_ceiling"], policy
 
 
 def test_every_job_completes_and_accounting_adds_up(small_report, small_trace):
@@ -49,6 +68,34 @@ def test_every_job_completes_and_accounting_adds_up(small_report, small_trace):
         )
         assert 0 <= overall["goodput"] <= overall["utilization"] <= 1
         assert overall["max_wait_least_served_s"] == max(q["max_wait_s"] for q in queues.values())
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        pytest.param(
+            name,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="engine bug: a job killed again before the first periodic checkpoint of "
+                "its run has its restore charged twice (_checkpointed_at counts from run_start_s)",
+            ),
+        )
+        if name == "kueue"
+        else name
+        for name in sorted(POLICIES)
+    ],
+)
+def test_lost_work_is_what_each_job_held_beyond_its_own_work(small_trace, small_config, policy):
+    # Every GPU-second a job held is its own work or lost (unsaved work, a save after a notice,
+    # a restore), so lost work and goodput in the ranges are exact, not estimates.
+    cfg = parse_config_text(small_config.read_text())
+    options = SimOptions(cycle_interval_s=10.0, default_checkpoint_s=60.0)  # as run_sim's defaults
+    result = Simulator(read_trace(small_trace), cfg, POLICIES[policy], options).run()
+    for r in result.records:
+        held = r.trace.gpus * sum(end - start for start, end in r.runs)
+        own = r.trace.gpus * r.trace.duration_s
+        assert held - own == pytest.approx(r.lost_gpu_s, abs=1e-6), r.trace.job_id
 
 
 def test_same_trace_twice_gives_identical_output(small_trace, small_config):
