@@ -5,8 +5,10 @@ PIP     := $(VENV)/bin/pip
 STAMP   := $(VENV)/.installed
 # torch first and pinned: a bare `torch` may resolve a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
+# Packages held to mypy --strict (`make typecheck`); settings in pyproject.toml [tool.mypy].
+TYPED   ?= preemptible/checkpoint
 
-.PHONY: venv test test-fast lint format demo bench clean
+.PHONY: venv test test-fast lint format typecheck demo bench clean
 
 venv: $(STAMP)
 
@@ -24,6 +26,9 @@ format: venv
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+typecheck: venv
+	$(VENV)/bin/mypy --strict $(TYPED)
+
 test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -39,4 +44,4 @@ bench: venv
 	$(PY) benchmarks/save_restore.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .mypy_cache

@@ -80,9 +80,9 @@ def as_bytes(array: Array) -> memoryview:
         t = t.resolve_conj().resolve_neg().contiguous()
         if t.numel() == 0:
             return memoryview(b"")
-        return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        return t.reshape(-1).view(torch.uint8).numpy().data
     a = np.ascontiguousarray(array)
-    return memoryview(a.reshape(-1).view(np.uint8))
+    return a.reshape(-1).view(np.uint8).data
 
 
 def empty_buffer(nbytes: int) -> torch.Tensor:
@@ -94,12 +94,13 @@ def from_bytes(entry: ArrayEntry, buffer: torch.Tensor, map_location: Any) -> Ar
     """Rebuild the array described by ``entry`` from its raw bytes (no copy on the CPU)."""
     if entry.kind == "numpy":
         try:
-            dtype = np.dtype(entry.dtype)
+            np_dtype = np.dtype(entry.dtype)
         except TypeError as e:
             raise CheckpointFormatError(f"unknown numpy dtype {entry.dtype!r} in checkpoint") from e
-        if dtype.hasobject:
+        if np_dtype.hasobject:
             raise CheckpointFormatError("checkpoint declares an object array; refusing to load it")
-        return buffer.numpy().view(dtype).reshape(entry.shape)
+        array: np.ndarray = buffer.numpy().view(np_dtype).reshape(entry.shape)
+        return array
     dtype = parse_torch_dtype(entry.dtype)
     if entry.nbytes == 0:
         tensor = torch.empty(entry.shape, dtype=dtype)

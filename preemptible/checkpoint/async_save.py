@@ -139,7 +139,7 @@ class StagingBuffer:
             staged.append(dst_t)
         if not on_gpu:
             return staged, lambda: None
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         event.record()
         return staged, event.synchronize
 

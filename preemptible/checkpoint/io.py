@@ -15,14 +15,14 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 import crc32c
 
 from preemptible.checkpoint.arrays import ArrayEntry, as_bytes, describe, empty_buffer, from_bytes
 from preemptible.checkpoint.manifest import FileRecord, Manifest
 from preemptible.checkpoint.serialize import Array, Flattened
-from preemptible.checkpoint.storage import CheckpointStorage, Staging
+from preemptible.checkpoint.storage import CheckpointStorage, ReadableFile, Staging
 from preemptible.errors import CheckpointCorruptedError, CheckpointFormatError
 
 STATE_FILE = "state.json"
@@ -149,7 +149,7 @@ def read_arrays(
                 if entry.offset != offset:
                     raise CheckpointFormatError(f"{name}: arrays do not tile the file at {offset}")
                 buffer = empty_buffer(entry.nbytes)
-                view = memoryview(buffer.numpy()) if entry.nbytes else memoryview(b"")
+                view = buffer.numpy().data if entry.nbytes else memoryview(b"")
                 got = _read_exactly(f, view)
                 if got != entry.nbytes:
                     _raise_corrupted(manifest, f"{name}: truncated at byte {offset + got}")
@@ -170,8 +170,9 @@ def read_arrays(
     else:
         with ThreadPoolExecutor(min(max_workers, len(names)), "preemptible-read") as pool:
             list(pool.map(read_file, names))
-    assert all(a is not None for a in arrays), "every entry belongs to exactly one file"
-    return arrays  # type: ignore[return-value]
+    read = [a for a in arrays if a is not None]
+    assert len(read) == len(arrays), "every entry belongs to exactly one file"
+    return read
 
 
 def check_file(
@@ -213,7 +214,7 @@ def file_record(
     return FileRecord(size=size, crc32c=crc)
 
 
-def _read_exactly(f: BinaryIO, view: memoryview) -> int:
+def _read_exactly(f: ReadableFile, view: memoryview) -> int:
     total = 0
     while total < len(view):
         n = f.readinto(view[total:])

@@ -11,6 +11,7 @@ in-progress files before then.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import logging
 import os
@@ -175,6 +176,16 @@ class Checkpointer:
         metadata: Mapping[str, Any] | None = None,
         blocking: Literal[False],
     ) -> SaveHandle: ...
+
+    @overload
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        blocking: bool = True,
+    ) -> CheckpointInfo | SaveHandle: ...
 
     def save(
         self,
@@ -481,12 +492,12 @@ class Checkpointer:
             if manifest is not None:
                 yield dirname, manifest
 
-    def scan(self) -> tuple[list[CheckpointInfo], list[IgnoredDir]]:
+    def scan(self) -> tuple[builtins.list[CheckpointInfo], builtins.list[IgnoredDir]]:
         """Committed checkpoints, plus what else lies under the root and why it is ignored."""
         committed, ignored = self._scan()
         return [self._info(d, m) for d, m in committed], ignored
 
-    def _scan(self) -> tuple[list[tuple[str, Manifest]], list[IgnoredDir]]:
+    def _scan(self) -> tuple[builtins.list[tuple[str, Manifest]], builtins.list[IgnoredDir]]:
         entries = self._guard_storage("listing", self._storage.list_root)
         step_dirs = _step_dirs_of(entries)
         mtimes = {e.name: e.mtime for e in entries}
@@ -514,11 +525,11 @@ class Checkpointer:
             ignored.append(IgnoredDir(name=e.name, reason=reason, mtime=e.mtime, collectable=True))
         return committed, ignored
 
-    def _step_dirs(self) -> list[str]:
+    def _step_dirs(self) -> builtins.list[str]:
         """Step directories under the root, oldest first (committed or not)."""
         return _step_dirs_of(self._guard_storage("listing", self._storage.list_root))
 
-    def _read_manifests(self, dirnames: list[str]) -> list[Manifest | str]:
+    def _read_manifests(self, dirnames: builtins.list[str]) -> builtins.list[Manifest | str]:
         if len(dirnames) <= 1 or self._storage.commit_mode is CommitMode.RENAME:
             return [self._manifest_or_reason(d) for d in dirnames]
         with ThreadPoolExecutor(min(self.max_workers, len(dirnames))) as pool:
@@ -720,7 +731,7 @@ class Checkpointer:
         sharded.load_into(directory, targets, group)
         return targets
 
-    def inspect(self, step: int | None = None) -> tuple[CheckpointInfo, list[Leaf]]:
+    def inspect(self, step: int | None = None) -> tuple[CheckpointInfo, builtins.list[Leaf]]:
         """Keys, dtypes, shapes and sizes of a checkpoint (default: the newest), from its index.
 
         Raises:
@@ -760,6 +771,7 @@ class Checkpointer:
         Raises:
             CheckpointNotFoundError: no checkpoint directory for ``step`` (or none at all).
         """
+        manifest: Manifest | str
         if step is None:
             dirname, manifest = self._committed_or_raise(None)
             step = manifest.step
@@ -851,8 +863,12 @@ _NO_MANIFEST = "no manifest: save incomplete or interrupted"
 
 
 def _step_dirs_of(entries: list[Entry]) -> list[str]:
-    names = (e.name for e in entries if e.is_dir and parse_step_dirname(e.name) is not None)
-    return sorted(names, key=parse_step_dirname)
+    steps = [
+        (step, e.name)
+        for e in entries
+        if e.is_dir and (step := parse_step_dirname(e.name)) is not None
+    ]
+    return [name for _, name in sorted(steps, key=lambda pair: pair[0])]
 
 
 def _check_step(step: Any) -> None:

@@ -20,8 +20,10 @@ import warnings
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from preemptible.checkpoint.manifest import SHARDED_DIR
 from preemptible.elastic import rank_and_world
@@ -76,10 +78,10 @@ class _MetadataUnpickler(pickle.Unpickler):
         return found
 
 
-class SafeFileSystemReader(dcp.FileSystemReader):
+class SafeFileSystemReader(FileSystemReader):
     """DCP's reader, with ``.metadata`` unpickled against an allowlist of DCP classes only."""
 
-    def read_metadata(self) -> dcp.Metadata:
+    def read_metadata(self) -> dcp_metadata.Metadata:
         path = os.path.join(str(self.path), ".metadata")
         with open(path, "rb") as f:
             try:
@@ -88,16 +90,17 @@ class SafeFileSystemReader(dcp.FileSystemReader):
                 raise
             except Exception as e:
                 raise CheckpointFormatError(f"DCP metadata {path} is unreadable: {e!r}") from e
-        if not isinstance(metadata, dcp.Metadata):
+        if not isinstance(metadata, dcp_metadata.Metadata):
             raise CheckpointFormatError(f"DCP metadata {path} holds a {type(metadata).__name__}")
-        if getattr(metadata, "storage_meta", None) is not None:
-            metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None)  # absent in older torch
+        if storage_meta is not None:
+            storage_meta.load_id = self.load_id
         return metadata
 
 
 def save(directory: str, tensors: dict[str, Any], group: Any) -> list[str]:
     """DCP-save ``tensors`` (all ranks); returns the names (``dcp/...``) this rank wrote."""
-    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(directory), process_group=group)
+    dcp_save(tensors, storage_writer=FileSystemWriter(directory), process_group=group)
     rank = rank_and_world()[0]
     mine = [n for n in os.listdir(directory) if n.startswith(f"__{rank}_")]
     if rank == 0:
@@ -110,7 +113,7 @@ def load_into(directory: str, targets: dict[str, Any], group: Any = None) -> Non
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(
+        dcp_load(
             targets,
             storage_reader=SafeFileSystemReader(directory),
             process_group=group,

@@ -23,7 +23,8 @@ import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from types import TracebackType
+from typing import Any, BinaryIO, Protocol
 
 import fsspec
 
@@ -43,6 +44,24 @@ class Entry:
     name: str
     is_dir: bool
     mtime: float | None
+
+
+class ReadableFile(Protocol):
+    """What ``open_read`` returns: a local file (unbuffered) or an fsspec file."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+    def __enter__(self) -> ReadableFile: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+        /,
+    ) -> None: ...
 
 
 @dataclass(slots=True)
@@ -89,7 +108,7 @@ class CheckpointStorage:
     def abort(self, staging: Staging) -> None:
         raise NotImplementedError
 
-    def open_read(self, dirname: str, name: str) -> BinaryIO:
+    def open_read(self, dirname: str, name: str) -> ReadableFile:
         raise NotImplementedError
 
     def read_bytes(self, dirname: str, name: str) -> bytes:
@@ -167,7 +186,7 @@ class LocalStorage(CheckpointStorage):
     def abort(self, staging: Staging) -> None:
         shutil.rmtree(self._path(staging.dirname), ignore_errors=True)
 
-    def open_read(self, dirname: str, name: str) -> BinaryIO:
+    def open_read(self, dirname: str, name: str) -> ReadableFile:
         f = open(self._path(dirname, name), "rb", buffering=0)  # noqa: SIM115 - returned
         # Checkpoint files are read once, front to back: ask for aggressive readahead.
         with contextlib.suppress(OSError, AttributeError):
@@ -247,9 +266,10 @@ class FsspecStorage(CheckpointStorage):
             # without the condition's name); the manifest there tells who won.
             self.fs.invalidate_cache(self._path(step_dir))
             try:
-                return self.fs.cat_file(path) == manifest
+                stored: bytes = self.fs.cat_file(path)  # fsspec is untyped
             except FileNotFoundError:
                 raise e from None
+            return stored == manifest
         return True
 
     def abort(self, staging: Staging) -> None:
@@ -257,11 +277,13 @@ class FsspecStorage(CheckpointStorage):
         with contextlib.suppress(Exception):  # best effort: garbage collection catches the rest
             self.fs.rm(paths)
 
-    def open_read(self, dirname: str, name: str) -> BinaryIO:
-        return self.fs.open(self._path(dirname, name), "rb")
+    def open_read(self, dirname: str, name: str) -> ReadableFile:
+        f: ReadableFile = self.fs.open(self._path(dirname, name), "rb")  # fsspec is untyped
+        return f
 
     def read_bytes(self, dirname: str, name: str) -> bytes:
-        return self.fs.cat_file(self._path(dirname, name))
+        data: bytes = self.fs.cat_file(self._path(dirname, name))  # fsspec is untyped
+        return data
 
     def newest_mtime(self, dirname: str) -> float | None:
         self.fs.invalidate_cache(self._path(dirname))
