@@ -41,12 +41,15 @@ def workloads(draw):
     )
     now = 10_000.0
     running = []
-    used = 0
+    per_node = gpus // nodes if nodes else None
+    free = [per_node] * nodes if nodes else [gpus]  # per node, or the whole cluster
     for i in range(draw(st.integers(0, 12))):
         g = draw(st.sampled_from([1, 1, 2, 4, 8]))
-        if used + g > gpus:
-            break
-        used += g
+        placement = draw(_placements(free, per_node, g))
+        if placement is None:
+            continue  # no room left for a job of this size: running jobs always fit
+        for node, n in placement:
+            free[node] -= n
         running.append(
             RunningJob(
                 job=job(
@@ -59,6 +62,7 @@ def workloads(draw):
                 ),
                 started_at=now - draw(st.floats(0, 3000)),
                 loan_for=draw(st.sampled_from([None, None, "p0", "p1"])),
+                placement=placement if nodes else (),
             )
         )
     pending = [
@@ -76,20 +80,28 @@ def workloads(draw):
     return cfg, running, pending, now, policy
 
 
-def _try_snapshot(cfg, running, pending):
-    try:
-        return snapshot(cfg, pending=pending, running_jobs=running)
-    except ValueError:  # random running jobs that do not fit on the nodes
+@st.composite
+def _placements(draw, free: list[int], per_node: int | None, gpus: int):
+    """Where a running job of `gpus` GPUs goes, given each node's free GPUs (one entry, the
+    whole cluster, without nodes), or None if it fits nowhere. Any node with room may hold it,
+    as after other jobs have ended; a job wider than a node takes whole empty nodes."""
+    if per_node is None:
+        return ((0, gpus),) if free[0] >= gpus else None
+    if gpus <= per_node:
+        room = [n for n, f in enumerate(free) if f >= gpus]
+        return ((draw(st.sampled_from(room)), gpus),) if room else None
+    empty = [n for n, f in enumerate(free) if f == per_node]
+    whole = gpus // per_node  # jobs of 1, 2, 4 or 8 GPUs on nodes of 4 or 8: no remainder
+    if len(empty) < whole:
         return None
+    return tuple(sorted((n, per_node) for n in draw(st.permutations(empty))[:whole]))
 
 
 @FAST
 @given(workloads())
 def test_a_cycle_never_over_allocates_and_gangs_are_whole(w):
     cfg, running, pending, now, policy = w
-    snap = _try_snapshot(cfg, running, pending)
-    if snap is None:
-        return
+    snap = snapshot(cfg, pending=pending, running_jobs=running)
     result = schedule(snap, now, policy, cfg)
     st_ = snap.state
     free = cfg.cluster.gpus - st_.used[0]
@@ -111,9 +123,7 @@ def test_a_cycle_never_over_allocates_and_gangs_are_whole(w):
 @given(workloads())
 def test_preemption_respects_tier_min_runtime_and_guarantees(w):
     cfg, running, pending, now, policy = w
-    snap = _try_snapshot(cfg, running, pending)
-    if snap is None:
-        return
+    snap = snapshot(cfg, pending=pending, running_jobs=running)
     result = schedule(snap, now, policy, cfg)
     by_id = {j.id: j for j in pending}
     alloc = snap.state.alloc
@@ -141,9 +151,7 @@ def test_victims_of_another_queue_come_out_of_what_it_borrows(w):
     """Together they leave it at or above its nominal quota, but for at most one job that
     straddles the quota (jobs are indivisible)."""
     cfg, running, pending, now, policy = w
-    snap = _try_snapshot(cfg, running, pending)
-    if snap is None:
-        return
+    snap = snapshot(cfg, pending=pending, running_jobs=running)
     result = schedule(snap, now, policy, cfg)
     queue_of = {j.id: j.queue for j in pending}
     taken: dict[str, list[int]] = {}
