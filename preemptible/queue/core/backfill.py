@@ -20,9 +20,11 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from preemptible.queue.core.model import Job
+from preemptible.queue.core.model import Job, Resources
 from preemptible.queue.core.placement import NodePool, Placement
+from preemptible.queue.core.resources import TOLERANCE, Amounts
 from preemptible.queue.core.state import ClusterState
 
 INFINITY = float("inf")
@@ -35,7 +37,7 @@ class Reservation:
     job_id: str
     queue: str
     start_at: float
-    spare: list[float]
+    spare: Amounts
     borrowing: bool = False
     """The head would run on borrowed capacity: it cannot hold back other queues' work within
     their nominal quota (its own queue's work still waits its turn)."""
@@ -50,8 +52,13 @@ class Reservation:
                 self.node_spare[n] = max(0, self.node_spare[n] - g)
 
 
-Started = tuple[float, Sequence[float], Placement]
-"""(expected end, request, placement) of a job admitted earlier in the same cycle."""
+class Started(NamedTuple):
+    """A job admitted earlier in the same cycle (not yet in the state)."""
+
+    end: float
+    """When it is expected to end."""
+    request: Resources
+    placement: Placement
 
 
 def plan_reservation(
@@ -59,7 +66,7 @@ def plan_reservation(
     *,
     now: float,
     state: ClusterState,
-    free: Sequence[float],
+    free: Amounts,
     pool: NodePool | None = None,
     also_running: Sequence[Started] = (),
     loans_due: Mapping[str, float] | None = None,
@@ -82,9 +89,14 @@ def plan_reservation(
     return res
 
 
-Release = tuple[float, Sequence[float], Placement, bool]
-"""(expected time, request, placement, certain) of capacity coming back; not certain: the job has
-overrun its estimate and is only assumed to end now."""
+class Release(NamedTuple):
+    """Capacity expected to come back."""
+
+    at: float
+    request: Resources
+    placement: Placement
+    certain: bool
+    """False when the job has overrun its estimate and is only assumed to end now."""
 
 
 def _releases(
@@ -97,32 +109,33 @@ def _releases(
     )
     return heapq.merge(
         (
-            (end, running[jid].job.request.as_tuple(), running[jid].placement, end > now)
+            Release(end, running[jid].job.request, running[jid].placement, end > now)
             for end, jid in state.ends
             if jid not in loans_due
         ),
-        (
-            (at, running[jid].job.request.as_tuple(), running[jid].placement, True)
-            for at, jid in loans
-        ),
+        (Release(at, running[jid].job.request, running[jid].placement, True) for at, jid in loans),
         sorted(
-            ((end, req, where, end > now) for end, req, where in also_running), key=lambda e: e[0]
+            (Release(s.end, s.request, s.placement, s.end > now) for s in also_running),
+            key=lambda r: r.at,
         ),
-        key=lambda e: e[0],
+        key=lambda r: r.at,
     )
 
 
-def _plan_counts(
-    job: Job, *, now: float, free: Sequence[float], ends: Iterable[Release]
-) -> Reservation:
+def _plan_counts(job: Job, *, now: float, free: Amounts, ends: Iterable[Release]) -> Reservation:
     """The reservation by counts alone: the earliest expected end after which the head fits."""
-    need = job.request.as_tuple()
-    avail = list(free)
-    for end, request, _, _ in ends:
-        _add(avail, request)
-        if _fits(avail, need):
-            return _done(job, max(now, end), avail, need)
-    return Reservation(job_id=job.id, queue=job.queue, start_at=INFINITY, spare=[0.0, 0.0, 0.0])
+    need = job.request
+    avail = free.copy()
+    for release in ends:
+        avail.add(release.request)
+        if avail.covers(need):
+            start_at = max(now, release.at)
+            return Reservation(
+                job_id=job.id, queue=job.queue, start_at=start_at, spare=avail.minus(need)
+            )
+    return Reservation(
+        job_id=job.id, queue=job.queue, start_at=INFINITY, spare=Amounts(0.0, 0.0, 0.0)
+    )
 
 
 def _plan_nodes(
@@ -133,73 +146,95 @@ def _plan_nodes(
     Walks the running jobs' expected ends (the head's loans: when they come back) in order,
     freeing their GPUs node by node, until some node has room for a job of up to one node's
     GPUs, or enough nodes are empty for a larger job (plus, best fit, one with room for its
-    remainder). Ties (common: jobs that overran their estimate are all "expected to end now")
-    go to the node with the most GPUs that are free now or lent ahead of the head and due back
-    now, so the reservation sticks to the node that drains for it. Those overran jobs count for
-    the start, but their GPUs are not spare: nobody knows when they free up, and giving each one
-    away as it frees would hold the head back for ever.
+    remainder). Those overran jobs count for the start, but their GPUs are not spare: nobody
+    knows when they free up, and giving each one away as it frees would hold the head back for
+    ever.
     """
-    per = pool.gpus_per_node
-    free_now = pool.free
-    avail = list(free_now)
-    sure = list(free_now)
-    ready = list(free_now)  # plus loans due back now: the tie-break
-    gpus = int(job.request.gpus)
-    whole, rest = (0, gpus) if gpus <= per else divmod(gpus, per)
-    ends = iter(releases)
-
-    def preference(n: int) -> tuple[int, int]:
-        return (-ready[n], n)
-
-    def plan(touched: Iterable[int]) -> dict[int, int] | None:
-        if not whole:
-            fits = [n for n in touched if avail[n] >= rest]
-            return {min(fits, key=preference): rest} if fits else None
-        empty = [n for n in range(len(avail)) if avail[n] == per]
-        chosen = dict.fromkeys(sorted(empty, key=preference)[:whole], per)
-        if rest:  # the remainder goes best fit, as `NodePool.find` will place it
-            room = [n for n in range(len(avail)) if n not in chosen and avail[n] >= rest]
-            chosen[min(room, key=lambda n: (avail[n], -ready[n], n))] = rest
-        return chosen
-
-    # For a gang, count empty nodes and partly used nodes with room for the remainder, so that
-    # the nodes are scanned only once the gang fits (not at every end: O(nodes x ends)).
-    def kind(n: int) -> int:
-        return 2 if avail[n] == per else 1 if rest and avail[n] >= rest else 0
-
-    counts = [0, 0, 0]
-    for n in range(len(avail) if whole else 0):
-        counts[kind(n)] += 1
-
-    def gang_fits() -> bool:
-        empty, room = counts[2], counts[1]
-        return empty >= whole and (not rest or empty > whole or room > 0)
-
+    drain = _NodeDrain(pool, int(job.request.gpus))
     t = now
-    need = plan(range(len(avail))) if not whole or gang_fits() else None
+    need = drain.plan(range(len(drain.avail))) if drain.may_fit() else None
+    ends = iter(releases)
     pending = next(ends, None)
     while need is None and pending is not None:
-        t = max(now, pending[0])
-        touched = set()
-        while pending is not None and max(now, pending[0]) == t:
-            _, _, placement, certain = pending
-            for n, g in placement:
-                if whole:
-                    counts[kind(n)] -= 1
-                avail[n] += g
-                if whole:
-                    counts[kind(n)] += 1
-                if certain:
-                    sure[n] += g
-                    if t == now:
-                        ready[n] += g
-                touched.add(n)
+        t = max(now, pending.at)
+        touched: set[int] = set()
+        while pending is not None and max(now, pending.at) == t:
+            touched.update(drain.release(pending, now=t == now))
             pending = next(ends, None)
-        if not whole or gang_fits():
-            need = plan(touched)
+        if drain.may_fit():
+            need = drain.plan(touched)
     if need is None:
         return INFINITY, {}
-    return t, {n: max(0, sure[n] - g) for n, g in need.items()}
+    return t, {n: max(0, drain.sure[n] - g) for n, g in need.items()}
+
+
+class _NodeDrain:
+    """Free GPUs per node as running jobs end, for the head's node plan.
+
+    Ties (common: jobs that overran their estimate are all "expected to end now") go to the
+    node with the most GPUs that are free now or lent ahead of the head and due back now, so
+    the reservation sticks to the node that drains for it.
+    """
+
+    __slots__ = ("avail", "counts", "per", "ready", "rest", "sure", "whole")
+
+    def __init__(self, pool: NodePool, gpus: int):
+        self.per = per = pool.gpus_per_node
+        self.avail = list(pool.free)
+        """Free per node once the releases so far are done."""
+        self.sure = list(pool.free)
+        """The same, without jobs that overran their estimate."""
+        self.ready = list(pool.free)
+        """Free now, plus loans due back now: the tie-break."""
+        self.whole, self.rest = (0, gpus) if gpus <= per else divmod(gpus, per)
+        # For a gang, count empty nodes and partly used nodes with room for the remainder, so
+        # that the nodes are scanned only once the gang fits (not at every end).
+        self.counts = [0, 0, 0]
+        for n in range(len(self.avail) if self.whole else 0):
+            self.counts[self._kind(n)] += 1
+
+    def _kind(self, n: int) -> int:
+        """2: empty; 1: room for the remainder; 0: neither."""
+        free = self.avail[n]
+        return 2 if free == self.per else 1 if self.rest and free >= self.rest else 0
+
+    def _preference(self, n: int) -> tuple[int, int]:
+        return (-self.ready[n], n)
+
+    def release(self, release: Release, *, now: bool) -> list[int]:
+        """Free `release`'s GPUs (`now`: it comes back now); returns the nodes touched."""
+        for n, g in release.placement:
+            if self.whole:
+                self.counts[self._kind(n)] -= 1
+            self.avail[n] += g
+            if self.whole:
+                self.counts[self._kind(n)] += 1
+            if release.certain:
+                self.sure[n] += g
+                if now:
+                    self.ready[n] += g
+        return [n for n, _ in release.placement]
+
+    def may_fit(self) -> bool:
+        """Whether a plan is worth looking for: always for a single-node head; for a gang, once
+        enough nodes are empty (plus one with room for its remainder)."""
+        if not self.whole:
+            return True
+        empty, room = self.counts[2], self.counts[1]
+        return empty >= self.whole and (not self.rest or empty > self.whole or room > 0)
+
+    def plan(self, touched: Iterable[int]) -> dict[int, int] | None:
+        """Node -> GPUs for the head, or None; a single-node head looks only at `touched`."""
+        avail, per, rest = self.avail, self.per, self.rest
+        if not self.whole:
+            fits = [n for n in touched if avail[n] >= rest]
+            return {min(fits, key=self._preference): rest} if fits else None
+        empty = [n for n in range(len(avail)) if avail[n] == per]
+        chosen = dict.fromkeys(sorted(empty, key=self._preference)[: self.whole], per)
+        if rest:  # the remainder goes best fit, as `NodePool.find` will place it
+            room = [n for n in range(len(avail)) if n not in chosen and avail[n] >= rest]
+            chosen[min(room, key=lambda n: (avail[n], -self.ready[n], n))] = rest
+        return chosen
 
 
 def _loan_back(end: float, due: float, now: float) -> float:
@@ -220,40 +255,21 @@ def may_backfill(
     capacity when it must."""
     if now + job.expected_runtime_s(default_estimate_s) <= reservation.start_at:
         return True
-    req = job.request.as_tuple()
+    req = job.request
     spare = reservation.spare
-    nodes = reservation.node_spare
-    if not nodes:
-        if not _fits(spare, req):
+    if not reservation.node_spare:
+        if not spare.covers(req):
             return False
-        for i in range(3):
-            spare[i] -= req[i]
+        spare.add(req, -1)
         return True
     # GPUs are judged by node (a job on another node leaves the head's GPUs alone); CPUs and
     # memory are one pool.
-    if any(req[i] > spare[i] + 1e-9 for i in (1, 2)):
+    if req.cpus > spare.cpus + TOLERANCE or req.memory_gb > spare.memory_gb + TOLERANCE:
         return False
+    nodes = reservation.node_spare
     if any(g > nodes[n] for n, g in placement if n in nodes):
         return False
     reservation.consume(placement)
-    for i in (1, 2):
-        spare[i] -= req[i]
+    spare.cpus -= req.cpus
+    spare.memory_gb -= req.memory_gb
     return True
-
-
-def _add(avail: list[float], req: Sequence[float]) -> None:
-    for i in range(3):
-        avail[i] += req[i]
-
-
-def _fits(avail: Sequence[float], need: Sequence[float]) -> bool:
-    return all(avail[i] + 1e-9 >= need[i] for i in range(3))
-
-
-def _done(job: Job, start_at: float, avail: list[float], need: Sequence[float]) -> Reservation:
-    return Reservation(
-        job_id=job.id,
-        queue=job.queue,
-        start_at=start_at,
-        spare=[avail[i] - need[i] for i in range(3)],
-    )

@@ -79,54 +79,123 @@ def find_moves(
     need = min(gpus, per)
     nodes_wanted = max(1, gpus // per)
     limit = gpus // 2
-    empty = pool.by_free[per]
+    shortfalls = _shortfalls(pool, state, need=need, limit=limit, nodes_wanted=nodes_wanted)
+    if not shortfalls:
+        return None
+    options = _MoveOptions(
+        job,
+        now=now,
+        state=state,
+        policy=policy,
+        settings=settings,
+        taken=taken,
+        budget_used=budget_used,
+        movers={} if movers is None else movers,
+        limit=limit,
+    )
+    empty = sorted(pool.by_free[per])
+    targets = {n: need for n in empty[: nodes_wanted - 1]} if nodes_wanted > 1 else {}
+    return _assemble(
+        pool,
+        _cheapest_first(shortfalls, options.option),
+        targets,
+        need=need,
+        nodes_wanted=nodes_wanted,
+        limit=limit,
+        policy=policy,
+        settings=settings,
+    )
+
+
+def _shortfalls(
+    pool: NodePool, state: ClusterState, *, need: int, limit: int, nodes_wanted: int
+) -> list[tuple[int, int]]:
+    """(GPUs short of `need`, node) of the nodes short by at most `limit`, fewest short first:
+    what each must move. Empty when no move is needed, enough nodes being free or about to be."""
     draining = {  # nodes that will have room once jobs already told to go have exited
         node
         for node, leaving in state.node_leaving.items()
         if pool.free[node] < need <= pool.free[node] + leaving
     }
-    if len(empty) + len(draining) >= nodes_wanted:
-        return None  # no need: enough nodes are free or about to be
-    if movers is None:
-        movers = {}
-    budgets: dict[str, int] = {}
-
-    def may_move(rj: RunningJob) -> bool:
-        vjob = rj.job
-        if vjob.id in taken or vjob.tier.rank > job.tier.rank:
-            return False
-        if policy.anti_thrashing:
-            q = vjob.queue
-            if q not in budgets:
-                budgets[q] = queue_budget_left(state, q, now, settings, budget_used.get(q, 0))
-            if budgets[q] <= 0:
-                return False
-        return True
-
-    def option(node: int, short: int) -> tuple[int, int, list[RunningJob]] | None:
-        """The jobs to move off `node` to free `short` more GPUs there, fewest GPUs first."""
-        if node not in movers:
-            movers[node] = _movers_on(node, now, state, policy, settings)
-        chosen = _fewest_gpus([rj for rj in movers[node] if may_move(rj)], short)
-        if chosen is None:
-            return None
-        moved = sum(int(rj.job.request.gpus) for rj in chosen)
-        return (moved, node, chosen) if moved <= limit else None
-
-    # Nodes short of `need` by at most `limit`, fewest short first: what each must move.
-    shortfalls = sorted(
+    if len(pool.by_free[pool.gpus_per_node]) + len(draining) >= nodes_wanted:
+        return []
+    return sorted(
         (need - free, node)
         for free in range(max(0, need - limit), need)
         for node in pool.by_free[free]
         if node not in draining
     )
-    if not shortfalls:
-        return None
-    targets = {n: need for n in sorted(empty)[: nodes_wanted - 1]} if nodes_wanted > 1 else {}
+
+
+class _MoveOptions:
+    """Per node, which of its jobs would move for one blocked job, fewest GPUs first."""
+
+    def __init__(
+        self,
+        job: Job,
+        *,
+        now: float,
+        state: ClusterState,
+        policy: Policy,
+        settings: PreemptionSettings,
+        taken: set[str],
+        budget_used: Mapping[str, int],
+        movers: dict[int, list[RunningJob]],
+        limit: int,
+    ):
+        self.job = job
+        self.now = now
+        self.state = state
+        self.policy = policy
+        self.settings = settings
+        self.taken = taken
+        self.budget_used = budget_used
+        self.movers = movers
+        self.limit = limit
+        self.budgets: dict[str, int] = {}
+
+    def may_move(self, rj: RunningJob) -> bool:
+        """What `_movers_on` leaves to the asker: its tier, this cycle's choices, budgets."""
+        vjob = rj.job
+        if vjob.id in self.taken or vjob.tier.rank > self.job.tier.rank:
+            return False
+        if self.policy.anti_thrashing:
+            q = vjob.queue
+            if q not in self.budgets:
+                used = self.budget_used.get(q, 0)
+                self.budgets[q] = queue_budget_left(self.state, q, self.now, self.settings, used)
+            if self.budgets[q] <= 0:
+                return False
+        return True
+
+    def option(self, node: int, short: int) -> tuple[int, int, list[RunningJob]] | None:
+        """The jobs to move off `node` to free `short` more GPUs there, fewest GPUs first."""
+        if node not in self.movers:
+            self.movers[node] = _movers_on(node, self.now, self.state, self.policy, self.settings)
+        chosen = _fewest_gpus([rj for rj in self.movers[node] if self.may_move(rj)], short)
+        if chosen is None:
+            return None
+        moved = sum(int(rj.job.request.gpus) for rj in chosen)
+        return (moved, node, chosen) if moved <= self.limit else None
+
+
+def _assemble(
+    pool: NodePool,
+    options: Iterator[tuple[int, int, list[RunningJob]]],
+    targets: dict[int, int],
+    *,
+    need: int,
+    nodes_wanted: int,
+    limit: int,
+    policy: Policy,
+    settings: PreemptionSettings,
+) -> MovePlan | None:
+    """Take options cheapest first while each moved job finds a place elsewhere, until
+    `nodes_wanted` nodes have `need` GPUs for the blocked job (`targets` holds empty ones)."""
     test = pool.copy()
     moves: list[Move] = []
     moved_gpus = 0
-    for gpus_moved, node, chosen in _cheapest_first(shortfalls, option):
+    for gpus_moved, node, chosen in options:
         if moved_gpus + gpus_moved > limit:
             break  # and so would every later option, which moves as many or more
         if test.free[node] != pool.free[node]:

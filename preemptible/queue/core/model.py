@@ -279,7 +279,12 @@ class CycleResult:
 
     def reason_for(self, job_id: str) -> str:
         """Why a job is pending (or what happened to it) after this cycle."""
-        for decision in (*self.admit, *self.preempt, *self.reserve):
+        decisions: tuple[Admit | Preempt | Reserve, ...] = (
+            *self.admit,
+            *self.preempt,
+            *self.reserve,
+        )
+        for decision in decisions:
             if decision.job_id == job_id:
                 return decision.reason
         return self.pending.get(job_id, self.default_reason)

@@ -13,23 +13,20 @@ for, and it would then take that room back by tier preemption, or borrow.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Literal
 
+from preemptible.queue.core import reasons
 from preemptible.queue.core.config import PreemptionSettings
 from preemptible.queue.core.model import Job
 from preemptible.queue.core.policy import Policy
 from preemptible.queue.core.preemption import VictimPlan, victim_grace_s
 from preemptible.queue.core.quota import QuotaVerdict, is_borrowing
+from preemptible.queue.core.resources import Amounts
 from preemptible.queue.core.state import ClusterState
 
 EXIT_SLACK_S = 60.0
 """Time for preempted jobs to exit and the next cycle to admit the job they made room for."""
-
-BORROWER_BLOCKED = (
-    "pending: would borrow with a longer grace than work within nominal quota of another "
-    "queue, which waits to reclaim borrowed capacity, can allow for"
-)
 
 
 class ReclaimPatience:
@@ -42,7 +39,7 @@ class ReclaimPatience:
         self,
         *,
         state: ClusterState,
-        alloc: Mapping[str, Sequence[float]],
+        alloc: Mapping[str, Amounts],
         policy: Policy,
         settings: PreemptionSettings,
         now: float,
@@ -68,7 +65,7 @@ class ReclaimPatience:
         """Why `job` waits instead of carrying out `plan` now, or None when it goes ahead."""
         waiter = self.waiters.get(job.queue)
         if waiter is not None and any(v.kind == "reclaim" for v in plan.victims):
-            return f"pending: {waiter} of {job.queue} waits to reclaim first"
+            return reasons.reclaimer_waits(waiter, job.queue)
         if any(v.kind != "reclaim" for v in plan.victims):
             return None
         until = job.submitted_at + self.patience_s()
@@ -76,11 +73,7 @@ class ReclaimPatience:
             return None
         self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
         self.waiters[job.queue] = job.id
-        names = ", ".join(v.running.job.id for v in plan.victims)
-        return (
-            f"pending: no free capacity; waits up to {until - self.now:.0f}s for some to free "
-            f"before reclaiming what {names} borrowed"
-        )
+        return reasons.waits_to_reclaim(until - self.now, (v.running.job.id for v in plan.victims))
 
     def patience_s(self) -> float:
         """How long after its submission a job within nominal quota may wait before reclaiming."""

@@ -62,7 +62,7 @@ class Policy:
     """How victims are chosen."""
     within_borrowed: bool = False
     """Victims of another queue come out of what it borrows when such a set frees enough
-    (preemption.py); otherwise any victim of it while it still borrows, as kueue takes them."""
+    (`victim_sets.py`); otherwise any victim of it while it still borrows, as kueue takes them."""
     backfill: bool = False
     """Reserve capacity for the first blocked job and backfill behind it."""
     loan_backfill: bool = False
@@ -70,7 +70,7 @@ class Policy:
     reserved job preempts it when its capacity is due (after the loaned job's minimum
     runtime), so GPUs do not idle while capacity drains for a big job."""
     reserve_only_starving: bool = False
-    """Reserve only for a starving job (see cycle.py); others skip ahead like kueue's
+    """Reserve only for a starving job (`ordering.py`); others skip ahead like kueue's
     BestEffortFIFO, so a big job blocks nobody until it starves."""
     head_of_line: bool = False
     """Stop at the first job that does not fit (strict order)."""

@@ -15,54 +15,47 @@ Three reasons allow a preemption:
    runtime, and it is in the blocked job's queue or its queue is borrowing (work within a
    queue's nominal quota is never taken). It was admitted on exactly that condition.
 
-Among the allowed victims we look for a set that makes the job fit at the least lost work:
-GPU-seconds since each victim's last checkpoint (only its save time when it checkpoints on
-notice within its grace) plus its restore. Single-node jobs compare node by node; larger jobs
-add victims greedily by cost per GPU; both then drop any victim the fit does not need (as kueue
-does).
-
-Victims from another queue come out of what that queue borrows (`Policy.within_borrowed`):
-together they may not take it below its nominal quota. Only when the search finds no such set
-(jobs are indivisible: a queue that borrows 1 GPU with one 5-GPU job) may a victim straddle the
-quota, and only while its queue still borrows before it goes, which is kueue's only rule. The
-search is greedy, so it can miss a set within what a queue borrows and straddle instead. What
-a queue borrows is judged without its jobs that were already told to go.
+Among the allowed victims, `victim_sets.py` picks the set that makes the job fit at the least
+lost work: GPU-seconds since each victim's last checkpoint (only its save time when it
+checkpoints on notice within its grace) plus its restore. What a queue borrows is judged without
+its jobs that were already told to go.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
-from typing import Literal
+from collections.abc import Mapping
+from typing import NamedTuple
 
 from preemptible.queue.core.config import PreemptionSettings
-from preemptible.queue.core.model import _TIER_RANK as _RANK
+from preemptible.queue.core.ledger import Ledger
 from preemptible.queue.core.model import Job, RunningJob
 from preemptible.queue.core.negotiation import grace_seconds, min_runtime_seconds
-from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.policy import Policy, VictimOrder
 from preemptible.queue.core.quota import QuotaVerdict, borrowed, check_quota, is_borrowing
+from preemptible.queue.core.resources import Amounts
 from preemptible.queue.core.state import ClusterState
+from preemptible.queue.core.victim_sets import (
+    Candidate,
+    Victim,
+    VictimKind,
+    VictimPlan,
+    cheapest_set,
+)
 
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Victim:
-    """One chosen victim with its price."""
-
-    running: RunningJob
-    lost_gpu_s: float
-    grace_s: float
-    kind: Literal["reclaim", "tier", "loan"]
-    """Why it may be preempted: "reclaim", "tier" or "loan" (see the module docstring)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class VictimPlan:
-    """Victims whose exit makes the blocked job fit, and where it will then go."""
-
-    victims: tuple[Victim, ...]
-    placement: Placement | None
+__all__ = [
+    "Candidate",
+    "Price",
+    "Victim",
+    "VictimPlan",
+    "VictimSearch",
+    "in_cooldown",
+    "loans_due",
+    "lost_gpu_seconds",
+    "min_runtime_end",
+    "queue_budget_left",
+    "saves_within_grace",
+    "victim_grace_s",
+]
 
 
 def victim_grace_s(job: Job, policy: Policy, settings: PreemptionSettings) -> float:
@@ -102,103 +95,180 @@ def queue_budget_left(
     return settings.queue_budget_per_hour - recent - used
 
 
-def find_victims(
-    job: Job,
-    *,
-    now: float,
-    state: ClusterState,
-    alloc: Mapping[str, Sequence[float]],
-    free: Sequence[float],
-    pool: NodePool | None,
-    policy: Policy,
-    settings: PreemptionSettings,
-    taken: set[str],
-    budget_used: Mapping[str, int],
-    leaving: Mapping[str, Sequence[float]] | None = None,
-    take_loans: bool = False,
-    tier: bool = True,
-    cost_cache: dict[str, tuple[tuple, float, float]] | None = None,
-    candidate_cache: dict[tuple, list] | None = None,
-) -> VictimPlan | None:
-    """The cheapest set of victims that lets `job` start, or None when there is none.
+def min_runtime_end(rj: RunningJob, settings: PreemptionSettings) -> float:
+    """When `rj` has run its negotiated minimum runtime (before that, only reclaim takes it)."""
+    return rj.started_at + min_runtime_seconds(rj.job.save_s, rj.job.restore_s, settings)
 
-    `cost_cache` and `candidate_cache` belong to one cycle: prices do not depend on the
-    preemptor, and the eligible set only on its queue and tier while allocations, budgets and
-    `leaving` are unchanged (the caller clears `candidate_cache` when it admits a job or
-    chooses victims). `budget_used`: preemptions the caller has already decided this cycle,
-    per queue. `leaving`: per queue, what its jobs told to go still hold (default: the
-    state's). `take_loans`: `job` holds the
-    reservation, so jobs on loan to it are candidates too; `tier=False` leaves tier victims out
-    (their search is backed off).
+
+class Price(NamedTuple):
+    """What preempting a running job now costs; the same whoever the preemptor is."""
+
+    order: tuple[float | str, ...]
+    lost_gpu_s: float
+    grace_s: float
+
+
+class _Scope(NamedTuple):
+    """Which reasons may apply to one search, and what each queue borrows."""
+
+    verdict: QuotaVerdict
+    reclaim: bool
+    tier: bool
+    loans: bool
+    borrowed: dict[str, Amounts]
+    borrowing: dict[str, bool]
+
+
+class VictimSearch:
+    """The victim searches of one cycle: who may be a victim, then which set is cheapest.
+
+    Searches share what they can. Prices do not depend on the preemptor; who may be a victim
+    depends only on the preemptor's queue and tier while allocations, budgets and what is
+    leaving stay the same, so the cycle calls `forget_eligible` when it admits a job or chooses
+    victims. `ledger` is the cycle's own, read at each search.
     """
-    queues = state.queues
-    queue = queues[job.queue]
-    req = job.request.as_tuple()
-    if policy.quotas:
-        verdict = check_quota(queue, alloc[job.queue], req)
-    else:
-        verdict = QuotaVerdict.WITHIN_NOMINAL
-    can_reclaim = policy.reclaim and policy.quotas and verdict is QuotaVerdict.WITHIN_NOMINAL
-    rank = job.tier.rank
-    can_tier = tier and policy.tier_preemption and any(state.tier_gpus[t] for t in range(rank))
-    take_loans = take_loans and job.id in state.loans
-    if not (can_reclaim or can_tier or take_loans):
-        return None
-    if leaving is None:
-        leaving = state.leaving
-    room = {name: borrowed(q, alloc[name], leaving[name]) for name, q in queues.items()}
-    borrowing = {name: any(x > 1e-9 for x in r) for name, r in room.items()}
-    if not (can_tier or take_loans or any(borrowing.values())):
-        return None
 
-    cache_key = (job.queue, rank, can_reclaim, can_tier, job.id if take_loans else None)
-    if candidate_cache is not None and cache_key in candidate_cache:
-        candidates = [c for c in candidate_cache[cache_key] if c[1].job.id not in taken]
+    def __init__(
+        self,
+        *,
+        now: float,
+        state: ClusterState,
+        ledger: Ledger,
+        policy: Policy,
+        settings: PreemptionSettings,
+    ):
+        self.now = now
+        self.state = state
+        self.ledger = ledger
+        self.policy = policy
+        self.settings = settings
+        self.taken: set[str] = set()
+        """Jobs chosen as victims (or to move) in this cycle: no later search takes them."""
+        self.budget_used: dict[str, int] = {}
+        """Per queue, the notices this cycle has sent its jobs (against its hourly budget)."""
+        self._prices: dict[str, Price] = {}
+        self._eligible: dict[tuple[str, int, bool, bool, str | None], list[Candidate]] = {}
+
+    def take(self, victim: Job) -> None:
+        """`victim` gets a notice this cycle: it counts against its queue's budget and no later
+        search of the cycle may choose it again."""
+        self.budget_used[victim.queue] = self.budget_used.get(victim.queue, 0) + 1
+        self.taken.add(victim.id)
+
+    def forget_eligible(self) -> None:
+        """Allocations or budgets changed: who may be a victim must be found again."""
+        self._eligible.clear()
+
+    def find(self, job: Job, *, take_loans: bool = False, tier: bool = True) -> VictimPlan | None:
+        """The cheapest set of victims that lets `job` start, or None when there is none.
+
+        `take_loans`: `job` holds the reservation, so jobs on loan to it are candidates too;
+        `tier=False` leaves tier victims out (their search is backed off).
+        """
+        scope = self._scope(job, take_loans=take_loans, tier=tier)
+        if scope is None:
+            return None
+        candidates = self.candidates(job, scope)
         if not candidates:
             return None
-        return _choose(job, candidates, alloc, free, pool, policy, queue, req, state, room)
-    candidates: list[tuple[tuple, RunningJob, float, float, bool]] = []
-    newest_first = policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST
-    # A borrower that takes another queue's borrowed capacity runs on borrowed capacity itself:
-    # the victim's queue can reclaim it back at once, so the save is lost for nothing.
-    across = policy.tier_preemption_across_queues and verdict is not QuotaVerdict.BORROWING
-    for vq, running in state.running_by_queue.items():
-        reclaim_q = can_reclaim and borrowing[vq] and vq != job.queue
-        tier_q = can_tier and (vq == job.queue or (across and borrowing[vq]))
-        loan_q = take_loans and (vq == job.queue or borrowing[vq])  # as in `loans_due`
-        if not (reclaim_q or tier_q or loan_q) or not running:
-            continue
-        if tier_q and policy.anti_thrashing:
-            tier_q = queue_budget_left(state, vq, now, settings, budget_used.get(vq, 0)) > 0
-            if not (reclaim_q or tier_q or loan_q):
+        ledger = self.ledger
+        return cheapest_set(
+            job,
+            candidates,
+            own_alloc=ledger.alloc[job.queue],
+            queue=self.state.queues[job.queue],
+            quotas=self.policy.quotas,
+            free=ledger.free,
+            pool=ledger.pool,
+            node_jobs=self.state.node_jobs,
+            borrowed=scope.borrowed,
+            within_borrowed=self.policy.within_borrowed,
+        )
+
+    def _scope(self, job: Job, *, take_loans: bool, tier: bool) -> _Scope | None:
+        """Which of reclaim, tier and loan may apply to `job`; None when none can."""
+        policy, state, ledger = self.policy, self.state, self.ledger
+        verdict = QuotaVerdict.WITHIN_NOMINAL
+        if policy.quotas:
+            verdict = check_quota(state.queues[job.queue], ledger.alloc[job.queue], job.request)
+        can_reclaim = policy.reclaim and policy.quotas and verdict is QuotaVerdict.WITHIN_NOMINAL
+        lower = range(job.tier.rank)
+        can_tier = tier and policy.tier_preemption and any(state.tier_gpus[t] for t in lower)
+        take_loans = take_loans and job.id in state.loans
+        if not (can_reclaim or can_tier or take_loans):
+            return None
+        room = {
+            name: borrowed(q, ledger.alloc[name], ledger.leaving[name])
+            for name, q in state.queues.items()
+        }
+        borrowing = {name: r.any_positive() for name, r in room.items()}
+        if not (can_tier or take_loans or any(borrowing.values())):
+            return None
+        return _Scope(verdict, can_reclaim, can_tier, take_loans, room, borrowing)
+
+    def candidates(self, job: Job, scope: _Scope) -> list[Candidate]:
+        """Who may be a victim for `job`, cheapest first (cached for the cycle)."""
+        key = (job.queue, job.tier.rank, scope.reclaim, scope.tier, job.id if scope.loans else None)
+        cached = self._eligible.get(key)
+        if cached is not None:
+            return [c for c in cached if c.running.job.id not in self.taken]
+        found = self._eligible[key] = self._find_eligible(job, scope)
+        return found
+
+    def _find_eligible(self, job: Job, scope: _Scope) -> list[Candidate]:
+        policy, settings, now = self.policy, self.settings, self.now
+        rank = job.tier.rank
+        # A borrower that takes another queue's borrowed capacity runs on borrowed capacity
+        # itself: the victim's queue can reclaim it back at once, so the save is lost for nothing.
+        across = policy.tier_preemption_across_queues and scope.verdict is not (
+            QuotaVerdict.BORROWING
+        )
+        found: list[Candidate] = []
+        for vq, running in self.state.running_by_queue.items():
+            borrowing = scope.borrowing[vq]
+            reclaim_q = scope.reclaim and borrowing and vq != job.queue
+            tier_q = scope.tier and (vq == job.queue or (across and borrowing))
+            loan_q = scope.loans and (vq == job.queue or borrowing)  # as in `loans_due`
+            if not (reclaim_q or tier_q or loan_q) or not running:
                 continue
-        for rj in running.values():
+            if tier_q and policy.anti_thrashing:
+                used = self.budget_used.get(vq, 0)
+                tier_q = queue_budget_left(self.state, vq, now, settings, used) > 0
+                if not (reclaim_q or tier_q or loan_q):
+                    continue
+            for rj in running.values():
+                vjob = rj.job
+                if rj.terminating or vjob.id in self.taken:
+                    continue
+                tier_ok = tier_q and vjob.tier.rank < rank
+                loan_ok = loan_q and _on_loan_to(rj, job)
+                if (tier_ok or loan_ok) and policy.protect_min_runtime:
+                    ran_enough = now >= min_runtime_end(rj, settings)
+                    tier_ok, loan_ok = tier_ok and ran_enough, loan_ok and ran_enough
+                if tier_ok and policy.anti_thrashing:
+                    tier_ok = not in_cooldown(vjob, now, settings)
+                if not (reclaim_q or tier_ok or loan_ok):
+                    continue
+                kind: VictimKind = "tier" if tier_ok else "loan" if loan_ok else "reclaim"
+                price = self._price(rj)
+                found.append(Candidate(price.order, rj, price.lost_gpu_s, price.grace_s, kind))
+        found.sort(key=lambda c: c.order)
+        return found
+
+    def _price(self, rj: RunningJob) -> Price:
+        """The price of preempting `rj` now (cached for the cycle)."""
+        price = self._prices.get(rj.job.id)
+        if price is None:
             vjob = rj.job
-            if rj.terminating or vjob.id in taken:
-                continue
-            tier_ok = tier_q and _RANK[vjob.tier] < rank
-            loan_ok = loan_q and _on_loan_to(rj, job)
-            if (tier_ok or loan_ok) and policy.protect_min_runtime:
-                ran_enough = now >= min_runtime_end(rj, settings)
-                tier_ok, loan_ok = tier_ok and ran_enough, loan_ok and ran_enough
-            if tier_ok and policy.anti_thrashing:
-                tier_ok = not in_cooldown(vjob, now, settings)
-            if not (reclaim_q or tier_ok or loan_ok):
-                continue
-            cached = cost_cache.get(vjob.id) if cost_cache is not None else None
-            if cached is None:
-                cached = _price(rj, now, policy, settings, newest_first)
-                if cost_cache is not None:
-                    cost_cache[vjob.id] = cached
-            key, lost, grace = cached
-            kind = "tier" if tier_ok else "loan" if loan_ok else "reclaim"
-            candidates.append((key, rj, lost, grace, kind))
-    candidates.sort(key=lambda c: c[0])
-    if candidate_cache is not None:
-        candidate_cache[cache_key] = candidates
-    if not candidates:
-        return None
-    return _choose(job, candidates, alloc, free, pool, policy, queue, req, state, room)
+            grace = victim_grace_s(vjob, self.policy, self.settings)
+            lost = lost_gpu_seconds(rj, self.now, grace)
+            order: tuple[float | str, ...]
+            if self.policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST:
+                order = (vjob.tier.rank, -rj.started_at, vjob.id)
+            else:
+                order = (lost / max(vjob.request.gpus, 1), lost, -rj.started_at, vjob.id)
+            price = self._prices[vjob.id] = Price(order, lost, grace)
+        return price
 
 
 def loans_due(
@@ -206,10 +276,10 @@ def loans_due(
     *,
     now: float,
     state: ClusterState,
-    alloc: Mapping[str, Sequence[float]],
+    alloc: Mapping[str, Amounts],
     policy: Policy,
     settings: PreemptionSettings,
-    leaving: Mapping[str, Sequence[float]] | None = None,
+    leaving: Mapping[str, Amounts] | None = None,
 ) -> dict[str, float]:
     """Running job id -> when `job` may take it back, for every job on loan to it that it may.
 
@@ -238,278 +308,3 @@ def loans_due(
 def _on_loan_to(rj: RunningJob, job: Job) -> bool:
     """`rj` runs on loan ahead of `job`'s reservation and is of no higher tier."""
     return rj.loan_for == job.id and rj.job.tier.rank <= job.tier.rank
-
-
-def min_runtime_end(rj: RunningJob, settings: PreemptionSettings) -> float:
-    """When `rj` has run its negotiated minimum runtime (before that, only reclaim takes it)."""
-    return rj.started_at + min_runtime_seconds(rj.job.save_s, rj.job.restore_s, settings)
-
-
-def _price(rj, now, policy, settings, newest_first) -> tuple[tuple, float, float]:
-    """(sort key, lost GPU-seconds, grace) of preempting `rj` now; independent of the preemptor."""
-    vjob = rj.job
-    grace = victim_grace_s(vjob, policy, settings)
-    lost = lost_gpu_seconds(rj, now, grace)
-    if newest_first:
-        key = (vjob.tier.rank, -rj.started_at, vjob.id)
-    else:
-        key = (lost / max(vjob.request.gpus, 1), lost, -rj.started_at, vjob.id)
-    return key, lost, grace
-
-
-def _choose(job, candidates, alloc, free, pool, policy, queue, req, state, room):
-    def quota_ok(freed_own: Sequence[float]) -> bool:
-        if not policy.quotas:
-            return True
-        own = alloc[job.queue]
-        after = [own[i] - freed_own[i] for i in range(3)]
-        return check_quota(queue, after, req) is not QuotaVerdict.OVER_LIMIT
-
-    if pool is not None and 0 < req[0] <= pool.gpus_per_node:
-        search = _per_node
-    elif pool is not None:
-        search = partial(_whole_nodes, node_jobs=state.node_jobs)
-    else:
-        search = _greedy
-    guard = _Borrowed(job.queue, room, straddle=not policy.within_borrowed)
-    chosen, placement = search(job, candidates, free, pool, quota_ok, guard)
-    if chosen is None and guard.refused and not guard.straddle:
-        guard = _Borrowed(job.queue, room, straddle=True)
-        chosen, placement = search(job, candidates, free, pool, quota_ok, guard)
-    if chosen is None:
-        return None
-    victims = tuple(Victim(running=c[1], lost_gpu_s=c[2], grace_s=c[3], kind=c[4]) for c in chosen)
-    return VictimPlan(victims=victims, placement=placement)
-
-
-class _Borrowed:
-    """Keeps victims of other queues within what those queues borrow (see the module docstring).
-
-    `room`: per queue, what it holds beyond its nominal quota. With `straddle`, a victim may take
-    its queue below nominal as long as the queue still borrows before it goes.
-    """
-
-    __slots__ = ("own", "refused", "room", "straddle")
-
-    def __init__(self, own: str, room: Mapping[str, Sequence[float]], *, straddle: bool):
-        self.own = own
-        self.room = room
-        self.straddle = straddle
-        self.refused = False
-        """Whether a victim was refused, i.e. whether straddling could find more."""
-
-    def allows(self, c, taken: Mapping[str, Sequence[float]]) -> bool:
-        """Whether candidate `c` may join victims that already take `taken` per queue."""
-        vq = c[1].job.queue
-        if vq == self.own:
-            return True
-        room = self.room[vq]
-        used = taken.get(vq, (0.0, 0.0, 0.0))
-        if self.straddle:
-            ok = any(used[i] < room[i] - 1e-9 for i in range(3))
-        else:
-            r = c[1].job.request.as_tuple()
-            ok = all(used[i] + r[i] <= room[i] + 1e-9 for i in range(3) if room[i] > 1e-9)
-        self.refused |= not ok
-        return ok
-
-
-def _tally(taken: dict[str, list[float]], c, sign: int) -> None:
-    """Add (sign 1) or remove (-1) candidate `c` from what victims take per queue."""
-    r = c[1].job.request.as_tuple()
-    t = taken.setdefault(c[1].job.queue, [0.0, 0.0, 0.0])
-    for i in range(3):
-        t[i] += sign * r[i]
-
-
-def _all_allowed(guard: _Borrowed, victims: list, taken: dict[str, list[float]]):
-    """What victims take per queue with `victims` added, if the guard allows each in turn."""
-    trial = {q: list(t) for q, t in taken.items()}
-    for c in victims:
-        if not guard.allows(c, trial):
-            return None
-        _tally(trial, c, +1)
-    return trial
-
-
-def _fits_flat(free: Sequence[float], freed: Sequence[float], req: Sequence[float]) -> bool:
-    return all(free[i] + freed[i] + 1e-9 >= req[i] for i in range(3))
-
-
-def _greedy(job, candidates, free, pool, quota_ok, guard):
-    """Add victims cheapest-per-GPU first until the job fits, then drop the unneeded ones."""
-    req = job.request.as_tuple()
-    freed = [0.0, 0.0, 0.0]
-    freed_own = [0.0, 0.0, 0.0]
-    taken: dict[str, list[float]] = {}
-    test = pool.copy() if pool is not None else None
-    chosen = []
-
-    def fits() -> bool:
-        if not _fits_flat(free, freed, req) or not quota_ok(freed_own):
-            return False
-        return test is None or test.find(req[0]) is not None
-
-    def account(c, sign: int) -> None:
-        r = c[1].job.request.as_tuple()
-        own = c[1].job.queue == job.queue
-        for i in range(3):
-            freed[i] += sign * r[i]
-            if own:
-                freed_own[i] += sign * r[i]
-        _tally(taken, c, sign)
-        if test is not None:
-            (test.give if sign > 0 else test.take)(c[1].placement)
-
-    for c in candidates:
-        if not guard.allows(c, taken):
-            continue
-        chosen.append(c)
-        account(c, +1)
-        if fits():
-            break
-    else:
-        return None, None
-    for c in reversed(chosen[:-1]):
-        account(c, -1)
-        if fits():
-            chosen.remove(c)
-        else:
-            account(c, +1)
-    placement = test.find(req[0]) if test is not None else None
-    return chosen, placement
-
-
-class _NodeRoom:
-    """Victims gathered on one node for a single-node job, and what they free."""
-
-    __slots__ = ("chosen", "cost", "freed", "freed_own", "room", "taken")
-
-    def __init__(self, room: int):
-        self.chosen: list = []
-        self.cost = 0.0
-        self.freed = [0.0, 0.0, 0.0]
-        self.freed_own = [0.0, 0.0, 0.0]
-        self.taken: dict[str, list[float]] = {}
-        self.room = room
-        """GPUs free on the node once the chosen victims exit."""
-
-    def add(self, c, gpus_here: int, own: bool, sign: int = 1) -> None:
-        r = c[1].job.request.as_tuple()
-        for i in range(3):
-            self.freed[i] += sign * r[i]
-            if own:
-                self.freed_own[i] += sign * r[i]
-        _tally(self.taken, c, sign)
-        self.cost += sign * c[2]
-        self.room += sign * gpus_here
-        if sign > 0:
-            self.chosen.append(c)
-        else:
-            self.chosen.remove(c)
-
-
-def _per_node(job, candidates, free, pool, quota_ok, guard, *, enough_nodes: int = 8):
-    """For a single-node job: on each node, the cheapest victims that make room; best node wins.
-
-    One pass over the candidates in price order, accumulating per node; a node is complete the
-    first time its room suffices, and then keeps only the victims the fit needs. Candidates come
-    cheapest first, so after `enough_nodes` complete nodes a cheaper one is unlikely; we stop
-    there to bound the cost of a cycle.
-    """
-    req = job.request.as_tuple()
-    gpus = req[0]
-    nodes: dict[int, _NodeRoom] = {}
-    best: tuple[float, int, list] | None = None
-    done: set[int] = set()
-
-    def fits(n: _NodeRoom) -> bool:
-        return n.room >= gpus and _fits_flat(free, n.freed, req) and quota_ok(n.freed_own)
-
-    for c in candidates:
-        rj = c[1]
-        own = rj.job.queue == job.queue
-        for node, g in rj.placement:
-            if node in done:
-                continue
-            acc = nodes.get(node)
-            if acc is None:
-                acc = nodes[node] = _NodeRoom(pool.free[node])
-            if not guard.allows(c, acc.taken):
-                continue
-            acc.add(c, g, own)
-            if not fits(acc):
-                continue
-            done.add(node)
-            for victim in reversed(acc.chosen[:-1]):  # drop what the fit does not need
-                here = sum(h for n, h in victim[1].placement if n == node)
-                mine = victim[1].job.queue == job.queue
-                acc.add(victim, here, mine, -1)
-                if not fits(acc):
-                    acc.add(victim, here, mine, +1)
-            if best is None or (acc.cost, node) < (best[0], best[1]):
-                best = (acc.cost, node, list(acc.chosen))
-        if len(done) >= enough_nodes:
-            break
-    if best is None:
-        return None, None
-    return best[2], ((best[1], gpus),)
-
-
-def _whole_nodes(job, candidates, free, pool, quota_ok, guard, *, node_jobs):
-    """For a multi-node job: clear the cheapest nodes whose every job may be preempted."""
-    req = job.request.as_tuple()
-    per = pool.gpus_per_node
-    need = -(-int(req[0]) // per)  # a remainder takes a node of its own
-    by_id = {c[1].job.id: c for c in candidates}
-    priced: list[tuple[float, int, list]] = []
-    for node, free_gpus in enumerate(pool.free):
-        if free_gpus == per:
-            priced.append((0.0, node, []))
-            continue
-        cands = []
-        for job_id in node_jobs[node]:
-            c = by_id.get(job_id)
-            if c is None:
-                break
-            cands.append(c)
-        else:
-            held = sum(g for c in cands for n, g in c[1].placement if n == node)
-            if free_gpus + held == per:
-                # In price order: a node's jobs are a set, whose order changes with the hash
-                # seed, and the victims' order decides what a straddling quota allows.
-                cands.sort(key=lambda c: c[0])
-                priced.append((sum(c[2] for c in cands), node, cands))
-    if len(priced) < need:
-        return None, None
-    priced.sort(key=lambda p: (p[0], p[1]))
-    chosen, seen, nodes = [], set(), []
-    taken: dict[str, list[float]] = {}
-    for _, node, cands in priced:
-        new = [c for c in cands if c[1].job.id not in seen]
-        trial = _all_allowed(guard, new, taken)
-        if trial is None:
-            continue
-        taken = trial
-        seen.update(c[1].job.id for c in new)
-        chosen.extend(new)
-        nodes.append(node)
-        if len(nodes) == need:
-            break
-    else:
-        return None, None
-    freed, freed_own = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
-    for c in chosen:
-        r = c[1].job.request.as_tuple()
-        for i in range(3):
-            freed[i] += r[i]
-            if c[1].job.queue == job.queue:
-                freed_own[i] += r[i]
-    if not (_fits_flat(free, freed, req) and quota_ok(freed_own)):
-        return None, None
-    nodes.sort()
-    whole, rest = divmod(int(req[0]), per)
-    placement = [(n, per) for n in nodes[:whole]]
-    if rest:
-        placement.append((nodes[whole], rest))
-    return chosen, tuple(placement)

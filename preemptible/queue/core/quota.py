@@ -8,11 +8,9 @@ from a quota is not limited by it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 
 from preemptible.queue.core.model import Queue
-
-Amounts = Sequence[float]
+from preemptible.queue.core.resources import TOLERANCE, ZERO, Amounts, HasAmounts, values
 
 
 class QuotaVerdict(enum.Enum):
@@ -23,33 +21,47 @@ class QuotaVerdict(enum.Enum):
     OVER_LIMIT = "over limit"
 
 
-def check_quota(queue: Queue, alloc: Amounts, request: Amounts) -> QuotaVerdict:
+def check_quota(queue: Queue, alloc: HasAmounts, request: HasAmounts) -> QuotaVerdict:
     """Whether `request` on top of `alloc` stays within nominal, borrows, or exceeds the limit."""
-    nominal = queue.nominal.as_tuple()
-    limit = queue.borrowing_limit.as_tuple()
     borrowing = False
-    for i in range(3):
-        after = alloc[i] + request[i]
-        if after <= nominal[i] + 1e-9:
+    for held, asked, nominal, limit in zip(
+        values(alloc),
+        values(request),
+        values(queue.nominal),
+        values(queue.borrowing_limit),
+        strict=True,
+    ):
+        after = held + asked
+        if after <= nominal + TOLERANCE:
             continue
-        if after > nominal[i] + limit[i] + 1e-9:
+        if after > nominal + limit + TOLERANCE:
             return QuotaVerdict.OVER_LIMIT
         borrowing = True
     return QuotaVerdict.BORROWING if borrowing else QuotaVerdict.WITHIN_NOMINAL
 
 
-def is_borrowing(queue: Queue, alloc: Amounts, leaving: Amounts = (0, 0, 0)) -> bool:
+def is_borrowing(queue: Queue, alloc: HasAmounts, leaving: HasAmounts = ZERO) -> bool:
     """True when the queue holds more than its nominal quota of some resource (not counting
     what its jobs told to go, `leaving`, still hold)."""
-    nominal = queue.nominal.as_tuple()
-    return any(alloc[i] - leaving[i] > nominal[i] + 1e-9 for i in range(3))
+    return any(
+        held - left > nominal + TOLERANCE
+        for held, left, nominal in zip(
+            values(alloc), values(leaving), values(queue.nominal), strict=True
+        )
+    )
 
 
-def borrowed(queue: Queue, alloc: Amounts, leaving: Amounts = (0, 0, 0)) -> tuple[float, ...]:
+def borrowed(queue: Queue, alloc: HasAmounts, leaving: HasAmounts = ZERO) -> Amounts:
     """Per resource, how much the queue holds beyond its nominal quota (0 where it does not),
     not counting what its jobs told to go still hold."""
-    nominal = queue.nominal.as_tuple()
-    return tuple(max(0.0, alloc[i] - leaving[i] - nominal[i]) for i in range(3))
+    return Amounts(
+        *(
+            max(0.0, held - left - nominal)
+            for held, left, nominal in zip(
+                values(alloc), values(leaving), values(queue.nominal), strict=True
+            )
+        )
+    )
 
 
 def describe_limit(queue: Queue) -> str:

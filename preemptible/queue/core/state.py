@@ -19,11 +19,23 @@ import dataclasses
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from preemptible.errors import ConfigError
 from preemptible.queue.core.model import Cluster, Job, Queue, RunningJob
 from preemptible.queue.core.placement import NodePool, Placement
+from preemptible.queue.core.resources import Amounts
 
 GroupKey = tuple[str, int, int, float, float]
+"""(queue, tier rank, gpus, cpus, memory) of a pending group (`group_key`)."""
+
+
+class SearchKey(NamedTuple):
+    """The kind of job a victim search was for; a failed search backs off this kind."""
+
+    queue: str
+    tier_rank: int
+    gpus: int
 
 
 def group_key(job: Job) -> GroupKey:
@@ -65,10 +77,11 @@ class ClusterState:
         self.running: dict[str, RunningJob] = {}
         self.running_by_queue: dict[str, dict[str, RunningJob]] = {n: {} for n in self.queues}
         """The same running jobs, per queue (preemption scans only eligible queues)."""
-        self.alloc: dict[str, list[float]] = {name: [0, 0.0, 0.0] for name in self.queues}
+        self.alloc: dict[str, Amounts] = {name: Amounts() for name in self.queues}
         """Per queue: GPUs, CPUs, memory held (terminating jobs included)."""
-        self.used: list[float] = [0, 0.0, 0.0]
-        self.leaving: dict[str, list[float]] = {name: [0, 0.0, 0.0] for name in self.queues}
+        self.used = Amounts()
+        """Held by all running jobs together."""
+        self.leaving: dict[str, Amounts] = {name: Amounts() for name in self.queues}
         """Per queue: the part of `alloc` held by jobs that were told to go. What a queue
         borrows is judged without it, or a queue whose borrowed job is already leaving would
         still look like a borrower and lose work within its nominal quota."""
@@ -95,15 +108,18 @@ class ClusterState:
         """Preemptor job id -> the node GPUs its victims are freeing for it (with nodes)."""
         self.moving: set[str] = set()
         """Nominated jobs that are moving (`Preempt.restart_on`): held from notice to restart."""
-        self.preemption_backoff: dict[tuple[str, int, int], float] = {}
-        """(queue, tier rank, gpus) -> no victim search before this time (a recent one failed)."""
+        self.preemption_backoff: dict[SearchKey, float] = {}
+        """No victim search for this kind of job before this time (a recent one failed)."""
 
     # --- pending ------------------------------------------------------------------------------
 
     def submit(self, job: Job) -> None:
         """Add a pending job (new or requeued)."""
         if job.queue not in self.queues:
-            raise KeyError(f"job {job.id!r}: unknown queue {job.queue!r}")
+            raise ConfigError(
+                f"job {job.id!r} names queue {job.queue!r}, which is not configured "
+                f"(queues: {', '.join(self.queues) or 'none'})"
+            )
         self.pending[job.id] = job
         key = group_key(job)
         group = self.groups.get(key)
@@ -142,13 +158,8 @@ class ClusterState:
         self.running[job.id] = running
         self.running_by_queue[job.queue][job.id] = running
         r = job.request
-        a = self.alloc[job.queue]
-        a[0] += r.gpus
-        a[1] += r.cpus
-        a[2] += r.memory_gb
-        self.used[0] += r.gpus
-        self.used[1] += r.cpus
-        self.used[2] += r.memory_gb
+        self.alloc[job.queue].add(r)
+        self.used.add(r)
         if not running.terminating:
             self.tier_gpus[job.tier.rank] += r.gpus
             if running.loan_for is not None:
@@ -166,7 +177,7 @@ class ClusterState:
     @property
     def terminating_gpus(self) -> float:
         """GPUs held by jobs that were told to go and have not exited yet."""
-        return sum(left[0] for left in self.leaving.values())
+        return sum(left.gpus for left in self.leaving.values())
 
     def expected_end(self, job_id: str) -> float:
         """When a running job is expected to release its resources."""
@@ -193,13 +204,8 @@ class ClusterState:
         job = running.job
         del self.running_by_queue[job.queue][job_id]
         r = job.request
-        a = self.alloc[job.queue]
-        a[0] -= r.gpus
-        a[1] -= r.cpus
-        a[2] -= r.memory_gb
-        self.used[0] -= r.gpus
-        self.used[1] -= r.cpus
-        self.used[2] -= r.memory_gb
+        self.alloc[job.queue].add(r, -1)
+        self.used.add(r, -1)
         if not running.terminating:
             self.tier_gpus[job.tier.rank] -= r.gpus
             if running.loan_for is not None:
@@ -224,11 +230,7 @@ class ClusterState:
                 del self.loans[to]
 
     def _leave(self, job: Job, sign: int) -> None:
-        r = job.request
-        left = self.leaving[job.queue]
-        left[0] += sign * r.gpus
-        left[1] += sign * r.cpus
-        left[2] += sign * r.memory_gb
+        self.leaving[job.queue].add(job.request, sign)
 
     def _leave_nodes(self, placement: Placement, sign: int) -> None:
         leaving = self.node_leaving
@@ -282,8 +284,8 @@ class ClusterState:
             self.nominated_nodes.pop(job_id, None)
             self.moving.discard(job_id)
 
-    def note_failed_preemptions(self, keys, until: float) -> None:
-        """Back off victim searches for these (queue, tier rank, gpus) keys until `until`."""
+    def note_failed_preemptions(self, keys: Iterable[SearchKey], until: float) -> None:
+        """Back off victim searches for these kinds of job until `until`."""
         for key in keys:
             self.preemption_backoff[key] = until
 
@@ -323,7 +325,10 @@ def build_snapshot(
         if state.pool is not None and not rj.placement and rj.job.request.gpus:
             where = state.pool.find(rj.job.request.gpus)
             if where is None:
-                raise ValueError(f"running job {rj.job.id!r} does not fit on the nodes")
+                raise ConfigError(
+                    f"running job {rj.job.id!r} ({rj.job.request.gpus} GPUs) does not fit on "
+                    "the nodes beside the others; give its placement or fewer running jobs"
+                )
             rj = dataclasses.replace(rj, placement=where)
         state.start(rj, expected_end=rj.started_at + rj.job.expected_runtime_s(default_estimate_s))
     for name, times in (recent_preemptions or {}).items():

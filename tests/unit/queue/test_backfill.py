@@ -8,6 +8,7 @@ from preemptible.queue.core import POLICIES
 from preemptible.queue.core.backfill import may_backfill, plan_reservation
 from preemptible.queue.core.negotiation import min_runtime_seconds
 from preemptible.queue.core.preemption import loans_due
+from preemptible.queue.core.resources import Amounts
 
 from .factories import config, job, running, snapshot
 
@@ -21,7 +22,7 @@ def on(node_gpus, j, **kw):
 
 def plan(cfg, busy, head, now, *, loans=False):
     st = snapshot(cfg, running_jobs=busy).state
-    free = [cfg.cluster.gpus - st.used[0], INF, INF]
+    free = Amounts(cfg.cluster.gpus - st.used.gpus, INF, INF)
     due = due_back(cfg, st, head, now) if loans else None
     return plan_reservation(head, now=now, state=st, free=free, pool=st.pool.copy(), loans_due=due)
 
@@ -70,9 +71,9 @@ def test_without_nodes_the_plan_counts_gpus():
     cfg = config(gpus=4, queues={"a": (1.0, 4, INF)})
     busy = [running(job("x", gpus=2, estimate=3600.0, restore=0.0), started=0.0)]
     st = snapshot(cfg, running_jobs=busy).state
-    res = plan_reservation(job("head", gpus=4), now=100.0, state=st, free=[2, INF, INF])
+    res = plan_reservation(job("head", gpus=4), now=100.0, state=st, free=Amounts(2, INF, INF))
     assert res.start_at == pytest.approx(3600.0) and res.node_spare == {}
-    assert res.spare == [0, INF, INF]
+    assert res.spare == Amounts(0, INF, INF)
 
 
 def test_the_plan_counts_loans_as_the_heads_once_it_may_take_them_back():

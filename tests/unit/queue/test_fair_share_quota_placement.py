@@ -3,6 +3,7 @@ import pytest
 from preemptible.queue.core import Cluster, UsageTracker, dominant_share, fair_share_value
 from preemptible.queue.core.placement import NodePool
 from preemptible.queue.core.quota import QuotaVerdict, check_quota
+from preemptible.queue.core.resources import Amounts
 
 from .factories import queue
 
@@ -70,11 +71,11 @@ Q = queue("a", nominal=4, borrow=2)
     ],
 )
 def test_quota_verdicts(alloc, req, verdict):
-    assert check_quota(Q, (alloc, 0, 0), (req, 0, 0)) is verdict
+    assert check_quota(Q, Amounts(alloc), Amounts(req)) is verdict
 
 
 def test_missing_borrowing_limit_means_unlimited():
-    assert check_quota(queue("a", nominal=1), (1, 0, 0), (100, 0, 0)) is QuotaVerdict.BORROWING
+    assert check_quota(queue("a", nominal=1), Amounts(1), Amounts(100)) is QuotaVerdict.BORROWING
 
 
 def test_small_job_goes_to_the_fullest_node_that_fits():

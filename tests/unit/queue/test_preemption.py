@@ -196,4 +196,4 @@ def test_loans_become_ordinary_work_when_their_job_starts():
     assert st.running["L"].loan_for is None
     assert st.running_by_queue["a"]["L"].loan_for is None
     st.finish("L")  # and the loan's exit leaves no stale count behind
-    assert st.loans == {} and st.used == [0, 0.0, 0.0]
+    assert st.loans == {} and tuple(st.used) == (0, 0.0, 0.0)

@@ -1,0 +1,131 @@
+"""The words of every decision's reason, in one place.
+
+`why`, the events and the dashboard show these to people: each says what happened or what the
+job waits for, in the terms of `docs/scheduling.md`. Reasons of pending jobs start with
+"pending:", of admissions with "admitted", of notices with "preempted:".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from preemptible.queue.core.model import Job, Queue
+from preemptible.queue.core.placement import Placement
+from preemptible.queue.core.quota import QuotaVerdict, describe_limit
+
+WAITING_TURN = "pending: waiting for its turn"
+NOTHING_TO_PREEMPT = "pending: no free GPUs and nothing it may preempt"
+ADMITTED_NOMINEE = "admitted: capacity freed by preemption"
+NOMINEE_WAITS = "pending: waiting for the jobs preempted for it to exit"
+CAPACITY_INCOMING = "pending: waiting for capacity that preempted jobs are freeing"
+BORROWER_BLOCKED = (
+    "pending: would borrow with a longer grace than work within nominal quota of another "
+    "queue, which waits to reclaim borrowed capacity, can allow for"
+)
+
+
+def behind_strict_head(head: Job) -> str:
+    return f"pending: behind the blocked head job {head.id} (strict)"
+
+
+def over_quota(job: Job, queue: Queue) -> str:
+    return f"pending: {job.queue} would exceed its quota ({describe_limit(queue)})"
+
+
+def admitted(job: Job, verdict: QuotaVerdict, *, quotas: bool) -> str:
+    if not quotas:
+        return "admitted: capacity free"
+    if verdict is QuotaVerdict.BORROWING:
+        return f"admitted: {job.queue} borrows idle capacity (reclaimable)"
+    return f"admitted: within {job.queue}'s nominal quota"
+
+
+def admitted_by_backfill(head: str) -> str:
+    return f"admitted by backfill: does not delay {head}"
+
+
+def admitted_on_loan(head: str) -> str:
+    return (
+        f"admitted on loan: may delay {head}, which may preempt it once it has run "
+        "its minimum runtime"
+    )
+
+
+def would_delay(head: str) -> str:
+    return f"pending: would delay the reservation of {head}"
+
+
+def blocked(
+    job: Job, verdict: QuotaVerdict, *, nominal_gpus: float, free_gpus: int, nodes: bool
+) -> str:
+    """Why `job` does not fit now; `nodes`: the cluster has nodes (so it may be fragmented)."""
+    g = job.request.gpus
+    if verdict is QuotaVerdict.BORROWING and g > nominal_gpus:
+        head = (
+            f"pending: larger than {job.queue}'s nominal quota ({nominal_gpus:g} GPUs), so it "
+            "can run only on borrowed capacity, and too little is idle"
+        )
+    elif verdict is QuotaVerdict.BORROWING:
+        head = f"pending: {job.queue} over quota and no idle capacity to borrow"
+    else:
+        head = "pending: no free capacity"
+    detail = f"needs {g} GPUs, {free_gpus} free"
+    if nodes and free_gpus >= g:
+        detail += "; no node block fits it (fragmented)"
+    return f"{head} ({detail})"
+
+
+def reserved(blocked_reason: str, start_at: float) -> str:
+    when = "unknown" if start_at == float("inf") else f"t={start_at:.0f}s"
+    return (
+        f"{blocked_reason}; first in line, so capacity is reserved from {when} and smaller "
+        "jobs backfill only if they do not delay it"
+    )
+
+
+def preempted(
+    victim: Job, kind: str, preemptor: Job, *, min_runtime: bool, lost_gpu_s: float
+) -> str:
+    """Why `victim` got a notice for `preemptor`; `kind` is the victim's `Candidate.kind`."""
+    ran = "; ran past its minimum runtime" if min_runtime else ""
+    if kind == "loan":
+        why = f"preempted: ran on loan ahead of {preemptor.id}'s reservation, which is due{ran}"
+    elif kind == "reclaim":
+        why = (
+            f"preempted: {preemptor.queue} reclaims capacity {victim.queue} borrowed, for "
+            f"{preemptor.id} (within its nominal quota)"
+        )
+    else:
+        tiers = f"tier {victim.tier.value} yields to {preemptor.tier.value}"
+        why = f"preempted: {tiers} job {preemptor.id}{ran}"
+    return f"{why}; expected loss {lost_gpu_s:.0f} GPU-s"
+
+
+def preempting(victims: Iterable[str]) -> str:
+    return f"pending: preempting {', '.join(victims)} to make room; starts when they exit"
+
+
+def moved(preemptor: Job, restart_on: Placement, lost_gpu_s: float) -> str:
+    where = ", ".join(f"node {n}" for n, _ in restart_on)
+    return (
+        f"preempted: moves to {where} so that {preemptor.id} gets a node block; "
+        f"restarts there once saved; expected loss {lost_gpu_s:.0f} GPU-s"
+    )
+
+
+def moving(movers: Iterable[str]) -> str:
+    return (
+        f"pending: moving {', '.join(movers)} to other nodes to make a node block for it; "
+        "starts when they have saved"
+    )
+
+
+def reclaimer_waits(waiter: str, queue: str) -> str:
+    return f"pending: {waiter} of {queue} waits to reclaim first"
+
+
+def waits_to_reclaim(seconds: float, victims: Iterable[str]) -> str:
+    return (
+        f"pending: no free capacity; waits up to {seconds:.0f}s for some to free "
+        f"before reclaiming what {', '.join(victims)} borrowed"
+    )
