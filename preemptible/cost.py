@@ -1,7 +1,7 @@
 """The cost file: measured checkpoint costs, where a scheduler or sidecar can read them.
 
 Written atomically (temp file in the same directory, fsync, ``os.replace``) after every save, so
-a reader never sees half a file. Fields: DESIGN.md §3.
+a reader never sees half a file. Fields: `docs/design.md` (SDK, cost).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 :class:`RunEnv` is read once from the environment (torchrun's, SLURM's and Kubernetes' variables)
 and never changes. :func:`check_signal_setup` turns known failure modes of these stacks into
-warnings a human can act on, measured on our machines (see PLATFORM.md section 2 and 4): torchrun
+warnings a human can act on, measured on our machines (`docs/preemption.md`): torchrun
 SIGKILLs its workers ``--shutdown-timeout`` seconds (30 by default) after forwarding a SIGTERM,
 and dies of SIGUSR1 without forwarding it, which orphans the workers.
 """

@@ -1,4 +1,4 @@
-"""The four signals of DESIGN.md §5 plus job completion times, per queue and overall.
+"""The four signals of `docs/design.md` plus job completion times, per queue and overall.
 
 - p95 / max queue wait: total time a job spent pending, requeues included;
 - utilisation: GPU-seconds held / GPU-seconds available over the horizon (first submit to last
@@ -58,7 +58,7 @@ def _metrics(records: Sequence[JobRecord], available_gpu_s: float, hours: float)
 
 
 def summarize(result: SimResult) -> dict[str, Any]:
-    """`{"overall": M, "queues": {name: M}}` in the `--json` schema of DESIGN.md §6."""
+    """`{"overall": M, "queues": {name: M}}` in the `--json` schema of `docs/design.md`."""
     horizon = max(result.end_s - result.start_s, 1e-9)
     available = result.gpus * horizon
     hours = horizon / 3600.0

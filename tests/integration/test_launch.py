@@ -141,7 +141,7 @@ def test_a_guarded_loop_under_launch_saves_on_sigusr1(tmp_path):
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed")
 def test_sigusr1_to_launch_reaches_a_torchrun_worker_as_sigterm(tmp_path):
-    # torchrun alone dies of SIGUSR1 and orphans the worker (PLATFORM.md section 2).
+    # torchrun alone dies of SIGUSR1 and orphans the worker (measured; `docs/preemption.md`).
     marker = tmp_path / "saved.json"
     proc = launch(
         "--",

@@ -18,7 +18,7 @@ from preemptible.deadline import (
 from preemptible.errors import ConfigError
 
 # `scontrol show job -o 7` and `scontrol show partition -o batch`, SLURM 22.05 (Debian 12), from
-# the single-node cluster of PLATFORM.md section 4 (fields as printed; paths shortened).
+# a single-node SLURM 22.05 cluster (fields as printed; paths shortened).
 JOB_RUNNING = (
     "JobId=7 JobName=low.sh UserId=testuser(1001) GroupId=testuser(1001) MCS_label=N/A "
     "Priority=1 Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None "

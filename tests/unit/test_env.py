@@ -9,7 +9,7 @@ import pytest
 from preemptible.env import RunEnv, check_signal_setup, parse_signal_list
 from preemptible.errors import ConfigError
 
-# What a torchrun worker sees (rank 1, attempt 1, --rdzv-id=job42), measured: PLATFORM.md section 2.
+# What a torchrun worker sees (rank 1, attempt 1, --rdzv-id=job42), measured under torch 2.13.
 TORCHRUN_WORKER = {
     "RANK": "1",
     "LOCAL_RANK": "1",
