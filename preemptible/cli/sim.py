@@ -107,8 +107,8 @@ def sim(
             plot=plot,
             quiet=quiet,
         )
-    except (PreemptibleError, OSError, KeyError, ValueError) as exc:
-        _fail(str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc))
+    except (PreemptibleError, OSError, ValueError) as exc:  # ValueError: a file not in UTF-8
+        _fail(str(exc))
     _print_notes([f["note"] for f in report["quota_shortfalls"]])
     if json_out is not None:
         try:
