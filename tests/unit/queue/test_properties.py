@@ -104,7 +104,7 @@ def test_a_cycle_never_over_allocates_and_gangs_are_whole(w):
     snap = snapshot(cfg, pending=pending, running_jobs=running)
     result = schedule(snap, now, policy, cfg)
     st_ = snap.state
-    free = cfg.cluster.gpus - st_.used[0]
+    free = cfg.cluster.gpus - st_.used.gpus
     node_free = list(st_.pool.free) if st_.pool else None
     by_id = {j.id: j for j in pending}
     for a in result.admit:
@@ -165,7 +165,7 @@ def test_victims_of_another_queue_come_out_of_what_it_borrows(w):
 
 
 def borrowed_gpus(queue, alloc) -> float:
-    return max(0.0, alloc[0] - queue.nominal.gpus)
+    return max(0.0, alloc.gpus - queue.nominal.gpus)
 
 
 def _run(jobs, cfg, policy="preemptible", **opts):
