@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # torch first and pinned: a bare `torch` may resolve a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 # Packages held to mypy --strict (`make typecheck`); settings in pyproject.toml [tool.mypy].
-TYPED   ?= preemptible/checkpoint
+TYPED   ?= preemptible/checkpoint preemptible/queue/core
 
 .PHONY: venv test test-fast lint format typecheck demo bench clean
 
@@ -32,6 +32,7 @@ typecheck: venv
 test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy --strict $(TYPED)
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 test-fast: venv
