@@ -1,4 +1,4 @@
-"""Atomic, verifiable checkpoints on any fsspec filesystem (DESIGN.md §3)."""
+"""Atomic, verifiable checkpoints on any fsspec filesystem (`docs/design.md`)."""
 
 from preemptible.checkpoint.async_save import AsyncMode, SaveHandle
 from preemptible.checkpoint.manager import Checkpointer

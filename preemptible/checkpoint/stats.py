@@ -35,7 +35,7 @@ class CheckpointCost:
 
     ``stall`` is the time the training loop was blocked by a save, known as soon as the save
     returns; ``persist`` the time until the checkpoint was durable; ``save`` is ``persist``
-    under the name DESIGN.md's cost file uses.
+    under the name the cost file uses (`docs/design.md`).
     """
 
     save: Summary
@@ -47,7 +47,7 @@ class CheckpointCost:
     last_checkpoint_time: float | None
 
     def to_json(self, updated_at: float) -> dict[str, Any]:
-        """The cost-file fields of DESIGN.md §3 (plus a few more)."""
+        """The cost-file fields of `docs/design.md` (plus a few more)."""
         return {
             "save_seconds_p95": self.save.p95,
             "save_seconds_mean": self.save.mean,
