@@ -43,13 +43,21 @@ GOOD_ROW = "ok,0,10,1,a,normal\n"
     ],
 )
 def test_bad_rows_name_file_line_and_column(tmp_path, body, line, column, words):
-    path = tmp_path / "trace.csv"
-    path.write_text(HEADER + body)
-    with pytest.raises(TraceFormatError) as info:
-        read_trace(path)
-    message = str(info.value)
+    assert_names_line_and_column(read_trace, tmp_path / "trace.csv", HEADER + body, line, column)
+    assert words in str(_error(read_trace, tmp_path / "trace.csv"))
+
+
+def assert_names_line_and_column(reader, path, text, line, column) -> None:
+    """`reader` of a file holding `text` raises a TraceFormatError naming `path:line: column`."""
+    path.write_text(text)
+    message = str(_error(reader, path))
     assert message.startswith(f"{path}:{line}: column {column!r}"), message
-    assert words in message
+
+
+def _error(reader, path) -> TraceFormatError:
+    with pytest.raises(TraceFormatError) as info:
+        reader(path)
+    return info.value
 
 
 def test_a_missing_column_names_the_header_line(tmp_path):
@@ -108,13 +116,8 @@ ITP = "job_id,submission_time,duration,num_gpu\n"
     ],
 )
 def test_import_errors_name_file_line_and_column(tmp_path, text, line, column, words):
-    path = tmp_path / "public.csv"
-    path.write_text(text)
-    with pytest.raises(TraceFormatError) as info:
-        import_trace(path)
-    message = str(info.value)
-    assert message.startswith(f"{path}:{line}: column {column!r}: "), message
-    assert words in message
+    assert_names_line_and_column(import_trace, tmp_path / "public.csv", text, line, column)
+    assert words in str(_error(import_trace, tmp_path / "public.csv"))
 
 
 def test_an_unknown_layout_names_the_header_line(tmp_path):
