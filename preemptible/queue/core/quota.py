@@ -23,21 +23,23 @@ class QuotaVerdict(enum.Enum):
 
 def check_quota(queue: Queue, alloc: HasAmounts, request: HasAmounts) -> QuotaVerdict:
     """Whether `request` on top of `alloc` stays within nominal, borrows, or exceeds the limit."""
-    borrowing = False
-    for held, asked, nominal, limit in zip(
-        values(alloc),
-        values(request),
-        values(queue.nominal),
-        values(queue.borrowing_limit),
-        strict=True,
-    ):
-        after = held + asked
-        if after <= nominal + TOLERANCE:
-            continue
-        if after > nominal + limit + TOLERANCE:
-            return QuotaVerdict.OVER_LIMIT
-        borrowing = True
-    return QuotaVerdict.BORROWING if borrowing else QuotaVerdict.WITHIN_NOMINAL
+    nominal, limit = queue.nominal, queue.borrowing_limit
+    worst = max(
+        _level(alloc.gpus + request.gpus, nominal.gpus, limit.gpus),
+        _level(alloc.cpus + request.cpus, nominal.cpus, limit.cpus),
+        _level(alloc.memory_gb + request.memory_gb, nominal.memory_gb, limit.memory_gb),
+    )
+    return _VERDICTS[worst]
+
+
+_VERDICTS = (QuotaVerdict.WITHIN_NOMINAL, QuotaVerdict.BORROWING, QuotaVerdict.OVER_LIMIT)
+
+
+def _level(after: float, nominal: float, limit: float) -> int:
+    """One resource's verdict as an index of `_VERDICTS` (the worst resource decides)."""
+    if after <= nominal + TOLERANCE:
+        return 0
+    return 2 if after > nominal + limit + TOLERANCE else 1
 
 
 def is_borrowing(queue: Queue, alloc: HasAmounts, leaving: HasAmounts = ZERO) -> bool:
