@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from preemptible import Checkpointer
-from preemptible.errors import SaveInProgressError, StorageError
+from preemptible.errors import BackgroundSaveError, StorageError
 from tests import faulty_fs
 from tests.helpers import assert_same, make_state
 
@@ -72,7 +72,7 @@ def test_a_failed_background_save_surfaces_on_the_next_call_and_in_the_log(caplo
         with caplog.at_level(logging.ERROR, logger="preemptible.checkpoint"):
             handle = ckpt.save(1, make_state(1), blocking=False)
             with pytest.raises(
-                SaveInProgressError, match="background save of step 1 failed"
+                BackgroundSaveError, match="background save of step 1 failed"
             ) as err:
                 ckpt.save(2, make_state(2), blocking=False)
         assert isinstance(err.value.__cause__, StorageError)
@@ -91,7 +91,7 @@ def test_a_failed_forked_save_reports_the_childs_error(tiny_disk):
     ckpt.save(1, make_state(1, mib=1.0), blocking=False).wait()
     handle = ckpt.save(2, make_state(2, mib=6.0), blocking=False)
     assert handle.mode == "fork"  # the error below came from the child, not from a copy
-    with pytest.raises(SaveInProgressError, match="No space left"):
+    with pytest.raises(BackgroundSaveError, match="No space left"):
         ckpt.wait()
     assert [i.step for i in ckpt.list()] == [1]
     assert ckpt.verify(1).ok
