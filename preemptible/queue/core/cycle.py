@@ -569,7 +569,8 @@ class _Cycle:
     def _hold(self, job: Job, nodes: Placement) -> None:
         """Hold what is free now for a preemptor, by count and on the nodes its victims free,
         so that nobody else takes it before they exit. By count, GPUs free on other nodes wait
-        too, for one grace at most (`docs/internals/` says why not only the nodes' GPUs)."""
+        too, for one grace at most (`docs/internals/nominated-first.md` says why not only the
+        nodes' GPUs)."""
         self.ledger.hold(job.request)
         if self.ledger.pool is not None and nodes:
             self._take_free_on(nodes)

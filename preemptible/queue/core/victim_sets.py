@@ -9,8 +9,8 @@ Victims from another queue come out of what that queue borrows: together they ma
 below its nominal quota. Only when no such set exists (jobs are indivisible: a queue that
 borrows 1 GPU with one 5-GPU job) may a victim straddle the quota, and only while its queue
 still borrows before it goes, which is kueue's only rule. The searches are greedy, so one can
-miss a set within what a queue borrows and straddle instead (`docs/internals/`: measured rare
-and never avoidable on the published traces).
+miss a set within what a queue borrows and straddle instead; on the published traces that was
+rare and never avoidable (`docs/internals/reclaim-within-borrowed.md`).
 """
 
 from __future__ import annotations
