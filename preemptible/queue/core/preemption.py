@@ -207,7 +207,7 @@ class VictimSearch:
         return _Scope(verdict, can_reclaim, can_tier, take_loans, room, borrowing)
 
     def candidates(self, job: Job, scope: _Scope) -> list[Candidate]:
-        """Who may be a victim for `job`, cheapest first (cached for the cycle)."""
+        """Who may be a victim for `job`, in the policy's victim order (cached for the cycle)."""
         key = (job.queue, job.tier.rank, scope.reclaim, scope.tier, job.id if scope.loans else None)
         cached = self._eligible.get(key)
         if cached is not None:
