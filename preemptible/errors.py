@@ -97,7 +97,28 @@ class TraceFormatError(QueueError, ValueError):
     """A trace file does not have the columns or values the simulator expects."""
 
 
+class RequestError(QueueError, ValueError):
+    """A request to the queue manager is malformed or asks for the impossible (HTTP 400)."""
+
+
+class JobNotFoundError(QueueError, LookupError):
+    """No job has this id (HTTP 404)."""
+
+
+class JobStateError(QueueError):
+    """The job is not in a state that allows this (cancel a finished job...; HTTP 409)."""
+
+
+class AccessDeniedError(QueueError, PermissionError):
+    """The token is valid but not for this queue or job (HTTP 403)."""
+
+
+class StateStoreError(QueueError):
+    """The queue manager's state file is corrupt, newer than this version, or unwritable."""
+
+
 __all__ = [
+    "AccessDeniedError",
     "BackendNotInstalledError",
     "BackgroundSaveError",
     "CheckpointCorruptedError",
@@ -106,10 +127,14 @@ __all__ = [
     "CheckpointNotFoundError",
     "ConfigError",
     "GuardError",
+    "JobNotFoundError",
+    "JobStateError",
     "PreemptibleError",
     "PreemptibleWarning",
     "QueueError",
+    "RequestError",
     "StateMismatchError",
+    "StateStoreError",
     "StorageError",
     "TraceFormatError",
     "UnsupportedStateError",
