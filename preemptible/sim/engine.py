@@ -26,20 +26,16 @@ from dataclasses import dataclass, field
 
 from preemptible.errors import ConfigError, TraceFormatError
 from preemptible.queue.core import (
-    ClusterState,
+    Admit,
     Job,
     Policy,
     Preempt,
     QueueConfig,
     Resources,
     RunningJob,
-    Snapshot,
     Tier,
-    UsageTracker,
-    dominant_share,
-    schedule,
 )
-from preemptible.queue.core.placement import Placement
+from preemptible.queue.shell import Leaving, Shell
 from preemptible.sim.trace import TraceJob
 
 _ARRIVE, _EXIT, _FINISH = 0, 1, 2
@@ -150,8 +146,9 @@ class Simulator:
         self.policy = policy
         self.options = options
         self.progress = progress
-        self.state = ClusterState(cl, config.queues)
-        self.tracker = UsageTracker(known, config.policy.fair_share_half_life_s)
+        self.shell = Shell(config, policy, preemption_retry_s=options.preemption_retry_s)
+        self.state = self.shell.state
+        self.tracker = self.shell.tracker
         self.records: dict[str, JobRecord] = {}
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
@@ -201,12 +198,11 @@ class Simulator:
             cycles += 1
             # A job within its nominal quota may be owed capacity that this very cycle gave to
             # a borrower: run again at once so that it can reclaim (one-grace guarantee).
-            for _ in range(3):
-                frag, rerun, wake_at = self._cycle(now)
-                frag_sum += frag
-                if not rerun or not self.state.pending:
-                    break
-                cycles += 1
+            results = self.shell.cycles(now, self)
+            for result in results:
+                frag_sum += result.fragmentation
+            cycles += len(results) - 1
+            wake_at = results[-1].wake_at
             if wake_at is not None and (not events or events[0][0] > wake_at):
                 self._push(wake_at, _EXIT, "", -1)  # a job waits to reclaim until then
         if self.progress:
@@ -274,44 +270,18 @@ class Simulator:
         self.state.submit(self._core_job(rec))
 
     def _release(self, rec: JobRecord, now: float) -> None:
-        running = self.state.finish(rec.trace.job_id)
+        self.shell.release(rec.trace.job_id, now)
         rec.admitted_gpu_s += rec.trace.gpus * (now - rec.run_start_s)
         rec.runs.append((rec.run_start_s, now))
-        self.tracker.advance(now)
-        self.tracker.add(rec.trace.queue, -self._share(running.job))
-
-    def _share(self, job: Job) -> float:
-        r = job.request
-        return dominant_share(r.gpus, r.cpus, r.memory_gb, self.config.cluster)
 
     # --- cycle -------------------------------------------------------------------------------
 
-    def _cycle(self, now: float) -> tuple[float, bool, float | None]:
-        self.tracker.advance(now)
-        snap = Snapshot(state=self.state, usage=self.tracker.averages())
-        result = schedule(snap, now, self.policy, self.config)
-        if result.failed_preemptions:
-            self.state.note_failed_preemptions(
-                result.failed_preemptions, now + self.options.preemption_retry_s
-            )
-        if self.state.nominated:
-            self.state.expire_nominations(now - self.config.preemption.nomination_window_s)
-        for admit in result.admit:
-            self._start(admit.job_id, admit.placement, now, loan_for=admit.loan_for)
-        for pre in result.preempt:
-            self._preempt(pre, now)
-        return result.fragmentation, result.rerun, result.wake_at
+    # --- what a run does (`shell.Runs`) ----------------------------------------------------
 
-    def _start(
-        self,
-        job_id: str,
-        placement: Placement,
-        now: float,
-        *,
-        loan_for: str | None,
-    ) -> None:
-        job = self.state.withdraw(job_id)
-        rec = self.records[job_id]
+    def started(self, admit: Admit, running: RunningJob, now: float) -> None:
+        """A run starts: it ends after its restore and its remaining work."""
+        job = running.job
+        rec = self.records[job.id]
         rec.wait_s += now - rec.pending_since
         if rec.first_start_s is None:
             rec.first_start_s = now
@@ -319,13 +289,7 @@ class Simulator:
         rec.run_restore_s = job.restore_s
         rec.run_token += 1
         remaining = rec.trace.duration_s - rec.saved_s
-        finish_at = now + job.restore_s + remaining
-        running = RunningJob(job=job, started_at=now, placement=placement, loan_for=loan_for)
-        expected = now + job.expected_runtime_s(self.config.policy.default_estimate_s)
-        self.state.start(running, expected_end=expected)
-        self.tracker.advance(now)
-        self.tracker.add(job.queue, self._share(job))
-        self._push(finish_at, _FINISH, job_id, rec.run_token)
+        self._push(now + job.restore_s + remaining, _FINISH, job.id, rec.run_token)
 
     def _progress_at(self, rec: JobRecord, t: float) -> float:
         return rec.saved_s + max(0.0, t - rec.run_start_s - rec.run_restore_s)
@@ -339,31 +303,28 @@ class Simulator:
         at = rec.run_start_s + rec.run_restore_s + k * interval if k else rec.run_start_s
         return progress, at
 
-    def _preempt(self, pre: Preempt, now: float) -> None:
-        job_id, grace_s = pre.job_id, pre.grace_s
-        rec = self.records[job_id]
-        running = self.state.running[job_id]
+    def noticed(self, notice: Preempt, running: RunningJob, now: float) -> Leaving:
+        """A notice: the job saves and leaves, or is killed at the end of its grace; what it
+        loses is charged now."""
         job = running.job
+        rec = self.records[job.id]
         gpus = max(job.request.gpus, 1)
         finish_at = rec.run_start_s + rec.run_restore_s + (rec.trace.duration_s - rec.saved_s)
         save = job.save_s
-        if self.options.checkpoint_mode == "aware" and save <= grace_s:
+        if self.options.checkpoint_mode == "aware" and save <= notice.grace_s:
             exit_at = now + save
             new_saved = self._progress_at(rec, now)
             lost = gpus * save  # the save now
         else:
-            exit_at = now if self.options.checkpoint_mode == "periodic" else now + grace_s
+            exit_at = now if self.options.checkpoint_mode == "periodic" else now + notice.grace_s
             new_saved, saved_at = self._checkpointed_at(rec, now)
             lost = gpus * (exit_at - saved_at)
         if new_saved > 0:
             lost += gpus * save  # the restore at its next start (`_core_job`: none from zero)
-        self.state.record_preemption(job.queue, now, preemptor=pre.for_job, nodes=pre.for_nodes)
         if finish_at <= exit_at:
             # It completes before it would have left: no work lost, no preemption counted.
-            self.state.mark_terminating(job_id, expected_end=finish_at)
-            return
-        if pre.restart_on:
-            self.state.nominate(job_id, now, nodes=pre.restart_on, moving=True)
+            return Leaving(at=finish_at, preempted=False)
+        if notice.restart_on:
             rec.moves += 1
         rec.preemptions += 1
         rec.last_preempted_at = now
@@ -371,8 +332,8 @@ class Simulator:
         rec.lost_log.append((now, lost))
         rec.saved_s = new_saved
         rec.run_token += 1
-        self.state.mark_terminating(job_id, expected_end=exit_at)
-        self._push(exit_at, _EXIT, job_id, rec.run_token)
+        self._push(exit_at, _EXIT, job.id, rec.run_token)
+        return Leaving(at=exit_at)
 
 
 def _timeline(result: SimResult, bins: int) -> None:

@@ -41,7 +41,15 @@ from preemptible.queue.core.backfill import Reservation, Started, may_backfill, 
 from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.core.defrag import MovePlan, find_moves
 from preemptible.queue.core.ledger import Ledger
-from preemptible.queue.core.model import Admit, CycleResult, Job, Preempt, Reserve, RunningJob
+from preemptible.queue.core.model import (
+    Admit,
+    CycleResult,
+    Job,
+    Preempt,
+    Reserve,
+    RunningJob,
+    SearchKey,
+)
 from preemptible.queue.core.ordering import Entry, PendingOrder
 from preemptible.queue.core.patience import ReclaimPatience
 from preemptible.queue.core.placement import Placement
@@ -54,7 +62,7 @@ from preemptible.queue.core.preemption import (
     saves_within_grace,
 )
 from preemptible.queue.core.quota import QuotaVerdict, check_quota, is_borrowing
-from preemptible.queue.core.state import GroupKey, SearchKey, Snapshot
+from preemptible.queue.core.state import GroupKey, Snapshot
 
 INF = float("inf")
 

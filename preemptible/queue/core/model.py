@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from preemptible.errors import ConfigError
 
@@ -206,6 +207,14 @@ class RunningJob:
 # --- decisions -------------------------------------------------------------------------------
 
 
+class SearchKey(NamedTuple):
+    """The kind of job a victim search was for; a failed search backs off this kind."""
+
+    queue: str
+    tier_rank: int
+    gpus: int
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Admit:
     """Start `job_id` now, on `placement` (node, GPUs) pairs if the cluster has nodes."""
@@ -268,7 +277,7 @@ class CycleResult:
     """Share of free GPUs that no pending job shape can use (0 without nodes)."""
     examined: int
     """How many pending jobs the cycle looked at."""
-    failed_preemptions: tuple[tuple[str, int, int], ...] = ()
+    failed_preemptions: tuple[SearchKey, ...] = ()
     """(queue, tier rank, gpus) whose victim search found nothing; the shell may back off."""
     rerun: bool = False
     """A job within nominal quota found no victims although jobs were admitted in this cycle

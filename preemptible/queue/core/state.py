@@ -19,23 +19,14 @@ import dataclasses
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from preemptible.errors import ConfigError
-from preemptible.queue.core.model import Cluster, Job, Queue, RunningJob
+from preemptible.queue.core.model import Cluster, Job, Queue, RunningJob, SearchKey
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.resources import Amounts
 
 GroupKey = tuple[str, int, int, float, float]
 """(queue, tier rank, gpus, cpus, memory) of a pending group (`group_key`)."""
-
-
-class SearchKey(NamedTuple):
-    """The kind of job a victim search was for; a failed search backs off this kind."""
-
-    queue: str
-    tier_rank: int
-    gpus: int
 
 
 def group_key(job: Job) -> GroupKey:
@@ -149,6 +140,32 @@ class ClusterState:
             ordinary = dataclasses.replace(running, loan_for=None)
             self.running[loan_id] = ordinary
             self.running_by_queue[running.job.queue][loan_id] = ordinary
+
+    def refresh(self, job: Job) -> None:
+        """Replace a pending or running job's record by `job`, the same job with new facts
+        (its measured cost, its last checkpoint): queue, tier and request must not change."""
+        pending = self.pending.get(job.id)
+        if pending is not None:
+            group = self.groups[group_key(pending)]
+            i = bisect.bisect_left(group.keys, (pending.submitted_at, pending.id))
+            if group_key(job) != group_key(pending) or job.submitted_at != pending.submitted_at:
+                raise ConfigError(f"job {job.id!r}: refresh may not move it to another group")
+            group.jobs[i] = job
+            self.pending[job.id] = job
+            return
+        running = self.running[job.id]
+        if group_key(job) != group_key(running.job):
+            raise ConfigError(f"job {job.id!r}: refresh may not change its queue, tier or request")
+        self._replace_running(dataclasses.replace(running, job=job))
+
+    def checkpointed(self, job_id: str, at: float) -> None:
+        """A running job reported a committed checkpoint at `at`: less work is at stake."""
+        running = self.running[job_id]
+        self._replace_running(dataclasses.replace(running, last_checkpoint_at=at))
+
+    def _replace_running(self, running: RunningJob) -> None:
+        self.running[running.job.id] = running
+        self.running_by_queue[running.job.queue][running.job.id] = running
 
     # --- running ------------------------------------------------------------------------------
 

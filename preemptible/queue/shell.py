@@ -1,0 +1,139 @@
+"""What the two shells around the core share: the state, the usage, the cycle, its decisions.
+
+The simulator (`preemptible.sim`) and the queue manager (`preemptible.queue.service`) keep the
+state the same way and apply the core's decisions through this one class: admit, notice, hold,
+requeue, moves, nominees. Only the clock and what a run is differ: virtual time and trace
+durations in the simulator, real time and process groups in the service. Each shell says what a
+run does through `Runs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from preemptible.queue.core import (
+    ClusterState,
+    CycleResult,
+    Job,
+    Policy,
+    Preempt,
+    QueueConfig,
+    RunningJob,
+    Snapshot,
+    UsageTracker,
+    dominant_share,
+    schedule,
+)
+from preemptible.queue.core.model import Admit
+
+
+@dataclass(frozen=True, slots=True)
+class Leaving:
+    """What a notice leads to: the job is expected to have left (and freed its GPUs) `at`."""
+
+    at: float
+    preempted: bool = True
+    """False when the job completes before it would have left: nothing is lost and no
+    preemption is counted against it (the simulator knows; a live job never does)."""
+
+
+class Runs(Protocol):
+    """What a shell does beyond the state: start a run, and tell a run to go."""
+
+    def started(self, admit: Admit, running: RunningJob, now: float) -> None:
+        """`running` was admitted at `now` by `admit`: start it (a process, or its end)."""
+
+    def noticed(self, notice: Preempt, running: RunningJob, now: float) -> Leaving:
+        """`running` was told to go by `notice`: send it, and say when it will have left."""
+
+
+class Shell:
+    """The state between cycles, the decayed usage, and one cycle applied to both."""
+
+    def __init__(self, config: QueueConfig, policy: Policy, *, preemption_retry_s: float = 120.0):
+        self.config = config
+        self.policy = policy
+        self.preemption_retry_s = preemption_retry_s
+        """After a victim search finds nothing, the same kind of job waits this long to retry."""
+        self.state = ClusterState(config.cluster, config.queues)
+        self.tracker = UsageTracker(
+            [q.name for q in config.queues], config.policy.fair_share_half_life_s
+        )
+
+    def submit(self, job: Job) -> None:
+        """A job is pending: new, or requeued after it left."""
+        self.state.submit(job)
+
+    def release(self, job_id: str, now: float) -> RunningJob:
+        """A running job has left (completed, failed, preempted): its resources are free."""
+        running = self.state.finish(job_id)
+        self.tracker.advance(now)
+        self.tracker.add(running.job.queue, -self._share(running.job))
+        return running
+
+    def cycles(self, now: float, runs: Runs, *, at_most: int = 3) -> list[CycleResult]:
+        """Run a cycle, and again at once (up to `at_most` in all) while the core asks for it.
+
+        A job within its nominal quota may be owed capacity that this very cycle gave to a
+        borrower: the next cycle lets it reclaim (the one-grace guarantee).
+        """
+        results = []
+        for _ in range(at_most):
+            result = self.cycle(now, runs)
+            results.append(result)
+            if not result.rerun or not self.state.pending:
+                break
+        return results
+
+    def cycle(self, now: float, runs: Runs) -> CycleResult:
+        """One cycle of the core at `now`, its decisions applied to the state and to `runs`."""
+        self.tracker.advance(now)
+        snapshot = Snapshot(state=self.state, usage=self.tracker.averages())
+        result = schedule(snapshot, now, self.policy, self.config)
+        if result.failed_preemptions:
+            self.state.note_failed_preemptions(
+                result.failed_preemptions, now + self.preemption_retry_s
+            )
+        if self.state.nominated:
+            self.state.expire_nominations(now - self.config.preemption.nomination_window_s)
+        for admit in result.admit:
+            self._admit(admit, now, runs)
+        for notice in result.preempt:
+            self._notice(notice, now, runs)
+        return result
+
+    def _admit(self, admit: Admit, now: float, runs: Runs) -> None:
+        job = self.state.withdraw(admit.job_id)
+        running = RunningJob(
+            job=job, started_at=now, placement=admit.placement, loan_for=admit.loan_for
+        )
+        expected = now + job.expected_runtime_s(self.config.policy.default_estimate_s)
+        self.state.start(running, expected_end=expected)
+        self.tracker.advance(now)
+        self.tracker.add(job.queue, self._share(job))
+        runs.started(admit, running, now)
+
+    def _notice(self, notice: Preempt, now: float, runs: Runs) -> None:
+        job_id = notice.job_id
+        running = self.state.running[job_id]
+        leaving = runs.noticed(notice, running, now)
+        self.state.record_preemption(
+            running.job.queue, now, preemptor=notice.for_job, nodes=notice.for_nodes
+        )
+        if leaving.preempted and notice.restart_on:
+            # A move: the job restarts on the GPUs held for it, first among the nominees.
+            self.state.nominate(job_id, now, nodes=notice.restart_on, moving=True)
+        self.state.mark_terminating(job_id, expected_end=leaving.at)
+
+    def adopt(self, running: RunningJob, now: float) -> None:
+        """A job found running (the manager restarted while it ran) holds its resources again;
+        `running.terminating` when it had been told to go."""
+        expected = now + running.job.expected_runtime_s(self.config.policy.default_estimate_s)
+        self.state.start(running, expected_end=expected)
+        self.tracker.advance(now)
+        self.tracker.add(running.job.queue, self._share(running.job))
+
+    def _share(self, job: Job) -> float:
+        r = job.request
+        return dominant_share(r.gpus, r.cpus, r.memory_gb, self.config.cluster)
