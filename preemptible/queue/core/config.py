@@ -111,6 +111,9 @@ class QueueConfig:
     """Queue name -> token spec as written (e.g. "env:TEAM_A_TOKEN"); resolved by the shell."""
     gpus_auto: bool = False
     """True when the file says `gpus = "auto"`."""
+    admin_token: str | None = None
+    """`[service] admin_token` as written (e.g. "env:PREEMPTIBLE_ADMIN_TOKEN"); resolved by the
+    queue manager, which alone reads the [service] table."""
 
     def queue(self, name: str) -> Queue:
         """The queue called `name`.
@@ -280,7 +283,7 @@ def _syntax_message(exc: tomllib.TOMLDecodeError, text: str, path: str | Path | 
 
 
 def _parse(data: Mapping[str, Any]) -> QueueConfig:
-    _only(data, {"cluster", "policy", "preemption", "queues"}, ())
+    _only(data, {"cluster", "policy", "preemption", "queues", "service"}, ())
     cluster, gpus_auto = _cluster(data.get("cluster"))
     policy = _policy(data.get("policy", {}))
     preemption = _preemption(data.get("preemption", {}))
@@ -316,7 +319,19 @@ def _parse(data: Mapping[str, Any]) -> QueueConfig:
         queues=tuple(queues),
         tokens=tokens,
         gpus_auto=gpus_auto,
+        admin_token=_service(data.get("service", {})),
     )
+
+
+def _service(raw: Any) -> str | None:
+    """The [service] table of the reference queue manager: its admin token's spec."""
+    _only(raw, {"admin_token"}, ("service",))
+    token = raw.get("admin_token")
+    if token is not None and not isinstance(token, str):
+        raise _Invalid(
+            ("service", "admin_token"), "expected a string such as 'env:PREEMPTIBLE_ADMIN_TOKEN'"
+        )
+    return token
 
 
 def _only(table: Any, allowed: set[str], key: Key) -> None:

@@ -7,8 +7,9 @@
     interval hint       = sqrt(2 * C * M)   (Young/Daly; C = save cost, M = mean time between
                                              preemptions observed in the job's queue)
 
-A claimed cost is checked against what the manager observed (SIGTERM to exit): the larger claim
-buys nothing once it is known to be inflated, because `effective_save_s` caps it.
+A claimed cost is checked against what the manager observed (SIGTERM to exit,
+`effective_save_s`): a claim known to be inflated buys nothing, and one known to be too small
+gets the grace the job really needed.
 """
 
 from __future__ import annotations
@@ -34,14 +35,18 @@ class Negotiated:
 def effective_save_s(
     claimed_s: float, observed_exit_s: float | None, *, slack: float = 1.5
 ) -> float:
-    """The save cost to negotiate with: the claim, capped by what was observed (times `slack`).
+    """The save cost to negotiate with: the claim, checked against the exit the manager saw.
 
-    A job that claims 300 s but was seen to exit 20 s after SIGTERM is treated as a 30 s job.
+    The grace must cover what a job really takes from SIGTERM to exit (the step in flight, the
+    save, the exit). A job seen to take longer than it claims gets what it took: one that
+    reported 5 s and took 60 s is a 60 s job next time. A claim above `slack` times what was
+    seen is cut to that: one that claims 300 s but exited 20 s after SIGTERM is a 30 s job.
     """
     claimed_s = max(0.0, claimed_s)
     if observed_exit_s is None:
         return claimed_s
-    return min(claimed_s, slack * max(0.0, observed_exit_s))
+    observed = max(0.0, observed_exit_s)
+    return max(observed, min(claimed_s, slack * observed))
 
 
 def grace_seconds(save_p95_s: float, settings: PreemptionSettings) -> float:

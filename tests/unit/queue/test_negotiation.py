@@ -41,4 +41,12 @@ def test_inflated_claims_are_capped_by_observation():
     assert inflated.grace_s == pytest.approx(negotiate(30.0, 0.0, S).grace_s)
     assert inflated.grace_s < negotiate(500.0, 0.0, S).grace_s
     assert honest.grace_s <= inflated.grace_s
-    assert effective_save_s(10.0, 100.0) == 10.0  # an honest, smaller claim stands
+    assert effective_save_s(10.0, 12.0) == 12.0  # an exit slower than claimed: what it took
+
+
+def test_an_exit_slower_than_the_claim_gets_the_observed_figure():
+    claimed = negotiate(5.0, 0.0, S)
+    seen = negotiate(5.0, 0.0, S, observed_exit_s=60.0)
+    assert seen.grace_s == pytest.approx(negotiate(60.0, 0.0, S).grace_s)
+    assert seen.grace_s > claimed.grace_s
+    assert negotiate(5.0, 0.0, S, observed_exit_s=1e6).grace_s == S.grace_max_s
