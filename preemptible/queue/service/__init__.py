@@ -1,0 +1,1 @@
+"""The reference queue manager: `preemptible queue serve` (docs/queue-manager.md)."""

@@ -1,0 +1,84 @@
+"""`preemptible queue serve`: the queue manager behind its HTTP API, until SIGINT or SIGTERM.
+
+Jobs keep running when the server stops: a restart adopts them again (`manager.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import os
+import socket
+from pathlib import Path
+
+from preemptible.errors import ConfigError
+from preemptible.queue.core import QueueConfig, parse_config_text
+from preemptible.queue.service.executor import ProcessExecutor
+from preemptible.queue.service.manager import QueueManager
+from preemptible.queue.service.store import Store
+
+
+def load_config(path: Path) -> QueueConfig:
+    """The configuration file, with `gpus = "auto"` resolved from NVML."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the configuration {path}: {exc.strerror or exc}") from None
+    config = parse_config_text(text, path=path)
+    if config.gpus_auto:
+        from preemptible.queue.service.gpus import detect_gpus
+
+        cluster = dataclasses.replace(config.cluster, gpus=detect_gpus())
+        config = dataclasses.replace(config, cluster=cluster, gpus_auto=False)
+    return config
+
+
+def secret_variables(config: QueueConfig) -> set[str]:
+    """The environment variables that hold tokens: jobs never see them."""
+    specs = [*config.tokens.values(), config.admin_token or ""]
+    return {s.removeprefix("env:") for s in specs if s.startswith("env:")}
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail early, in one line, when the address cannot be bound."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"port {port} on {host} is in use; stop what holds it or choose --port"
+                ) from None
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def build_manager(
+    config: QueueConfig, state_dir: Path, *, url: str, executor: ProcessExecutor | None = None
+) -> QueueManager:
+    """A manager on the state directory (recovered from it), not started yet."""
+    store = Store(state_dir)
+    if executor is None:
+        executor = ProcessExecutor(exclude=secret_variables(config))
+    return QueueManager(config, store, executor, state_dir=state_dir, url=url)
+
+
+def run_server(config_path: Path, state_dir: Path, host: str, port: int) -> None:
+    """Serve until interrupted. Raises PreemptibleError (one line to show) for bad set-ups."""
+    import uvicorn
+
+    from preemptible.queue.service.api import create_app
+
+    config = load_config(config_path)
+    check_port(host, port)
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    manager = build_manager(config, Path(state_dir), url=url)
+    app = create_app(manager)
+    logging.basicConfig(level=os.environ.get("PREEMPTIBLE_LOG_LEVEL", "INFO"))
+    manager.start()
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        manager.stop()
+        manager.store.close()

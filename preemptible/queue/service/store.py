@@ -1,0 +1,192 @@
+"""The queue manager's state on disk: one SQLite file in WAL mode.
+
+Every change the manager makes is written here before it is acknowledged: a `201` for a
+submission means the job is in the file (`synchronous=FULL`: the WAL is fsynced at each
+commit). A job is one row holding its record as JSON, plus the columns the manager looks up by;
+the audit log is a table of its own. The file carries its schema version: a file written by a
+newer version, or one that is not a database, is refused with a clear error and never
+overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from preemptible.errors import StateStoreError
+
+SCHEMA_VERSION = 1
+FILE_NAME = "queue.sqlite3"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    queue TEXT NOT NULL,
+    state TEXT NOT NULL,
+    token_hash TEXT NOT NULL,
+    doc TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state);
+CREATE INDEX IF NOT EXISTS jobs_token ON jobs (token_hash);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    job_id TEXT,
+    queue TEXT,
+    reason TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_job ON events (job_id);
+"""
+
+
+class Store:
+    """The SQLite file under the state directory; safe to use from several threads."""
+
+    def __init__(self, state_dir: Path):
+        self.path = Path(state_dir) / FILE_NAME
+        try:
+            Path(state_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateStoreError(
+                f"cannot create the state directory {state_dir}: {exc.strerror or exc}; "
+                "choose another with --state"
+            ) from None
+        self._lock = threading.Lock()
+        self._db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        existed = self.path.exists()
+        try:
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA busy_timeout=5000")
+            version = self._version(db) if existed else None
+        except sqlite3.DatabaseError as exc:
+            raise StateStoreError(
+                f"{self.path} is not a queue state file this version can read ({exc}); it was "
+                "left as it is: move it away to start empty, or point --state elsewhere"
+            ) from None
+        except OSError as exc:
+            raise StateStoreError(f"cannot open {self.path}: {exc}") from None
+        if version is not None and version > SCHEMA_VERSION:
+            db.close()
+            raise StateStoreError(
+                f"{self.path} was written by a newer preemptible (schema {version}, this one "
+                f"reads up to {SCHEMA_VERSION}); it was left as it is: upgrade preemptible"
+            )
+        db.executescript(_SCHEMA)
+        db.execute(
+            "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+            (str(SCHEMA_VERSION),),
+        )
+        return db
+
+    @staticmethod
+    def _version(db: sqlite3.Connection) -> int | None:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "meta" not in tables:
+            if tables:
+                raise sqlite3.DatabaseError("it has tables but no schema version")
+            return None
+        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row[0]) if row else None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic, durable write: all of it is on disk when the block ends, or none."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # --- jobs ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def insert_job(
+        db: sqlite3.Connection, job_id: str, queue: str, state: str, token_hash: str, doc: Any
+    ) -> None:
+        db.execute(
+            "INSERT INTO jobs (id, queue, state, token_hash, doc) VALUES (?, ?, ?, ?, ?)",
+            (job_id, queue, state, token_hash, json.dumps(doc)),
+        )
+
+    @staticmethod
+    def update_job(db: sqlite3.Connection, job_id: str, state: str, doc: Any) -> None:
+        db.execute(
+            "UPDATE jobs SET state = ?, doc = ? WHERE id = ?", (state, json.dumps(doc), job_id)
+        )
+
+    def next_seq(self) -> int:
+        """The sequence number the next job gets (ids are `j<seq>`)."""
+        with self._lock:
+            row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name='jobs'").fetchone()
+        return (row[0] if row else 0) + 1
+
+    def load_jobs(self) -> list[tuple[str, str, Any]]:
+        """(id, token hash, record) of every job, in submission order."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, token_hash, doc FROM jobs ORDER BY seq").fetchall()
+        try:
+            return [(r[0], r[1], json.loads(r[2])) for r in rows]
+        except json.JSONDecodeError as exc:
+            raise StateStoreError(f"{self.path} holds a damaged job record: {exc}") from None
+
+    # --- events -------------------------------------------------------------------------------
+
+    @staticmethod
+    def add_event(
+        db: sqlite3.Connection,
+        *,
+        at: float,
+        kind: str,
+        job_id: str | None,
+        queue: str | None,
+        reason: str,
+        data: dict[str, Any] | None = None,
+    ) -> int:
+        cur = db.execute(
+            "INSERT INTO events (at, kind, job_id, queue, reason, data) VALUES (?, ?, ?, ?, ?, ?)",
+            (at, kind, job_id, queue, reason, json.dumps(data or {})),
+        )
+        return int(cur.lastrowid or 0)
+
+    def events(
+        self,
+        *,
+        since: int = 0,
+        queue: str | None = None,
+        job_id: str | None = None,
+        limit: int = 1000,
+    ) -> list[tuple[int, float, str, str | None, str | None, str, dict[str, Any]]]:
+        """Events after id `since`, oldest first, optionally of one queue or one job."""
+        sql = "SELECT id, at, kind, job_id, queue, reason, data FROM events WHERE id > ?"
+        args: list[Any] = [since]
+        if queue is not None:
+            sql += " AND queue = ?"
+            args.append(queue)
+        if job_id is not None:
+            sql += " AND job_id = ?"
+            args.append(job_id)
+        sql += " ORDER BY id LIMIT ?"
+        args.append(limit)
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return [(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6])) for r in rows]

@@ -1,0 +1,168 @@
+"""What the queue manager answers, as plain data: the HTTP layer turns these into JSON.
+
+`QueueManager` (manager.py) returns these; `api.py` has a pydantic model for each with the same
+fields, so the OpenAPI schema describes exactly what the manager says.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class JobState(enum.StrEnum):
+    """A job's states (docs/design.md): preempting goes back to pending once it has exited."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    PREEMPTING = "preempting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SubmitRequest:
+    """`POST /v1/jobs`: what a team asks to run."""
+
+    queue: str
+    command: list[str]
+    gpus: int = 0
+    tier: str = "normal"
+    cpus: float = 0.0
+    memory_gb: float = 0.0
+    gang: bool | None = None
+    estimate_s: float | None = None
+    name: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CostView:
+    """The job's last reported cost (the cost file's fields) and what was observed."""
+
+    save_seconds_p95: float | None = None
+    stall_seconds_p95: float | None = None
+    restore_seconds: float | None = None
+    bytes: int | None = None
+    last_checkpoint_step: int | None = None
+    last_checkpoint_time: float | None = None
+    observed_exit_seconds: float | None = None
+    """The longest time the job took from SIGTERM to exit, as the manager saw it."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobView:
+    """A job as `GET /v1/jobs/{id}` shows it."""
+
+    id: str
+    name: str
+    queue: str
+    tier: str
+    gpus: int
+    cpus: float
+    memory_gb: float
+    state: JobState
+    reason: str
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    attempts: int
+    exit_code: int | None
+    grace_s: float
+    min_runtime_s: float
+    cost: CostView
+    command: list[str]
+    gpu_ids: list[int] = field(default_factory=list)
+    """The GPUs of the current attempt (CUDA_VISIBLE_DEVICES), empty when not running."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WhyView:
+    """`GET /v1/jobs/{id}/why`: the core's reasons, newest first."""
+
+    id: str
+    state: JobState
+    reason: str
+    history: list[EventView]
+    """This job's events (submitted, admitted, notice, exited, requeued...), newest first."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NegotiationView:
+    """`POST /v1/jobs/{id}/cost`: what the manager grants for the reported cost."""
+
+    grace_s: float
+    min_runtime_s: float
+    checkpoint_interval_hint_s: float | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NoticeView:
+    """A preemption notice: save and exit by `deadline` (epoch seconds)."""
+
+    reason: str
+    grace_s: float
+    deadline: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EventView:
+    """One entry of the audit log."""
+
+    id: int
+    at: float
+    kind: str
+    """submitted, admitted, notice, checkpointed, exited, requeued, completed, failed,
+    cancelled, recovered."""
+    job_id: str | None
+    queue: str | None
+    reason: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SignalsView:
+    """The four signals of docs/design.md over the window, for one queue or overall."""
+
+    p95_wait_s: float
+    max_wait_s: float
+    utilization: float
+    goodput: float
+    preemptions: int
+    preemptions_per_hour: float
+    lost_gpu_s: float
+    lost_gpu_s_per_preemption: float
+    jobs: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QueueView:
+    """`GET /v1/queues`: a queue's quota, usage and fair-share position."""
+
+    name: str
+    weight: float
+    nominal_gpus: float
+    borrowing_limit_gpus: float
+    used_gpus: float
+    borrowed_gpus: float
+    pending: int
+    running: int
+    fair_share: float
+    """Its fair-share value now: 1.0 is exactly its weighted share."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StatsView:
+    """`GET /v1/stats`: the four signals per queue and overall, over `window_s`."""
+
+    window_s: float
+    overall: SignalsView
+    queues: dict[str, SignalsView]
+    max_wait_least_served_s: float

@@ -1,0 +1,233 @@
+"""The queue manager with real processes, real signals and a real SQLite file.
+
+The manager is stepped by the test (`step()`), not by its thread, so that each assertion sees
+a known moment; the processes run for real.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from preemptible.errors import JobNotFoundError, JobStateError, RequestError, StateStoreError
+from preemptible.queue.core import parse_config
+from preemptible.queue.service.manager import QueueManager
+from preemptible.queue.service.server import build_manager
+from preemptible.queue.service.store import FILE_NAME
+from preemptible.queue.service.views import CostView, JobState, SubmitRequest
+
+CONFIG = {
+    "cluster": {"gpus": 2},
+    "preemption": {"grace_min": "1s", "grace_max": "3s", "min_runtime": "0s", "cooldown": "0s"},
+    "queues": [
+        {"name": "a", "nominal": {"gpus": 1}},
+        {"name": "b", "nominal": {"gpus": 1}, "borrowing_limit": {"gpus": 1}},
+    ],
+}
+PY = sys.executable
+# Saves on SIGTERM (as the SDK does: here a file), then exits 143; else runs a minute.
+SAVER = (
+    "import signal, sys, time, pathlib\n"
+    "def stop(*a):\n"
+    "    pathlib.Path('saved').write_text('x'); sys.exit(143)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+STUBBORN = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def manager(state: Path) -> QueueManager:
+    return build_manager(parse_config(CONFIG), state, url="http://127.0.0.1:9")
+
+
+def submit(
+    m: QueueManager, queue: str, code: str, *, gpus: int = 1, tier: str = "normal", cwd=None
+):
+    return m.submit(
+        SubmitRequest(
+            queue=queue,
+            command=[PY, "-c", code],
+            gpus=gpus,
+            tier=tier,
+            cwd=str(cwd) if cwd else None,
+        )
+    )
+
+
+def until(m: QueueManager, check, *, timeout: float = 20.0):
+    """Step the manager until `check()` is true (and return its value)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m.step()
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not reached within {timeout} s")
+
+
+def running(m: QueueManager, job_id: str) -> None:
+    """Step until the job runs and has installed its signal handlers (it prints 'ready')."""
+    until(m, lambda: state_of(m, job_id) is JobState.RUNNING)
+    until(m, lambda: "ready" in m.log_path(job_id).read_text())
+
+
+def state_of(m: QueueManager, job_id: str) -> JobState:
+    return m.get_job(job_id).state
+
+
+def test_a_job_runs_with_its_gpus_and_token_and_its_exit_is_recorded(tmp_path):
+    m = manager(tmp_path / "state")
+    code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['PREEMPTIBLE_JOB_ID'])"
+    ok = submit(m, "a", code)
+    bad = submit(m, "b", "import sys; sys.exit(3)")
+    until(m, lambda: state_of(m, ok.id).finished and state_of(m, bad.id).finished)
+    assert state_of(m, ok.id) is JobState.COMPLETED
+    assert m.log_path(ok.id).read_text().split() == ["0", ok.id]
+    failed = m.get_job(bad.id)
+    assert failed.state is JobState.FAILED and failed.exit_code == 3
+    assert "exited with 3" in failed.reason
+    kinds = [e.kind for e in m.events(job_id=ok.id)]
+    assert kinds == ["submitted", "admitted", "completed"]
+
+
+def test_bad_submissions_are_refused_and_nothing_is_stored(tmp_path):
+    m = manager(tmp_path / "state")
+    with pytest.raises(RequestError, match="no queue named 'c'"):
+        submit(m, "c", "pass")
+    with pytest.raises(RequestError, match="3 GPUs but the machine has 2"):
+        submit(m, "a", "pass", gpus=3)
+    with pytest.raises(RequestError, match="unknown tier"):
+        submit(m, "a", "pass", tier="urgent")
+    with pytest.raises(JobNotFoundError):
+        m.get_job("j99")
+    assert m.list_jobs() == [] and m.events() == []
+
+
+def test_a_borrower_is_noticed_saves_and_is_requeued_and_the_grace_follows_its_exit(tmp_path):
+    m = manager(tmp_path / "state")
+    low = submit(m, "b", SAVER, gpus=2, tier="low", cwd=tmp_path)
+    running(m, low.id)
+    m.report_cost(low.id, CostView(save_seconds_p95=0.5, restore_seconds=0.1))
+    high = submit(m, "a", "print('hi')", tier="high")
+    until(m, lambda: state_of(m, high.id) is JobState.COMPLETED)
+    assert (tmp_path / "saved").exists()  # it saved on SIGTERM
+    requeued = m.get_job(low.id)
+    assert requeued.state in (JobState.PENDING, JobState.RUNNING) and requeued.attempts >= 1
+    assert requeued.cost.observed_exit_seconds is not None
+    assert requeued.cost.observed_exit_seconds < 3.0
+    notice = next(e for e in m.events(job_id=low.id) if e.kind == "notice")
+    assert "reclaims capacity b borrowed" in notice.reason
+    back = next(e for e in m.events(job_id=low.id) if e.kind == "requeued")
+    assert back.data["killed"] is False and back.data["took_s"] < 3.0
+
+
+def test_a_job_that_ignores_its_notice_is_killed_at_the_deadline(tmp_path):
+    m = manager(tmp_path / "state")
+    low = submit(m, "b", STUBBORN, gpus=2, tier="low")
+    running(m, low.id)
+    submit(m, "a", "print('hi')", tier="high")
+    until(m, lambda: state_of(m, low.id) is JobState.PREEMPTING)
+    noticed = time.monotonic()
+    back = until(m, lambda: [e for e in m.events(job_id=low.id) if e.kind == "requeued"])
+    took = time.monotonic() - noticed
+    assert back[0].data["killed"] is True
+    grace = back[0].data["grace_s"]
+    assert grace - 0.5 <= took <= grace + 3.0
+    # the next grace is negotiated from what it took, within the bounds
+    answer = m.report_cost(low.id, CostView(save_seconds_p95=0.1))
+    assert answer.grace_s == pytest.approx(3.0)  # observed ~grace -> clamp at grace_max
+
+
+def test_checkpointed_after_a_notice_hands_the_gpus_on_before_the_grace(tmp_path):
+    m = manager(tmp_path / "state")
+    low = submit(m, "b", STUBBORN, gpus=2, tier="low")
+    running(m, low.id)
+    high = submit(m, "a", "print('hi')", tier="high")
+    until(m, lambda: state_of(m, low.id) is JobState.PREEMPTING)
+    acked = time.monotonic()
+    m.checkpointed(low.id, step=7, at=None)
+    until(m, lambda: state_of(m, high.id) is not JobState.PENDING)
+    # the manager kills it ACK_EXIT_S after the ack at most, not at the end of the grace
+    assert time.monotonic() - acked < 3.0 + 5.0
+    assert any(e.kind == "checkpointed" for e in m.events(job_id=low.id))
+
+
+def test_notice_long_poll_returns_the_notice_with_its_deadline(tmp_path):
+    m = manager(tmp_path / "state")
+    low = submit(m, "b", SAVER, gpus=2, tier="low", cwd=tmp_path)
+    running(m, low.id)
+    assert m.wait_notice(low.id, 0.1) is None
+    submit(m, "a", "print('hi')", tier="high")
+    until(m, lambda: state_of(m, low.id) is not JobState.RUNNING)
+    notice = m.wait_notice(low.id, 0.1) or m.get_job(low.id)
+    assert notice is not None
+
+
+def test_cancel_pending_and_running_and_finished(tmp_path):
+    m = manager(tmp_path / "state")
+    job = submit(m, "a", SAVER, gpus=2, cwd=tmp_path)
+    running(m, job.id)
+    waiting = submit(m, "b", "pass", gpus=2)
+    m.step()
+    assert m.cancel(waiting.id).state is JobState.CANCELLED
+    m.cancel(job.id)
+    until(m, lambda: state_of(m, job.id) is JobState.CANCELLED)
+    assert (tmp_path / "saved").exists()  # the notice let it save
+    with pytest.raises(JobStateError, match="already cancelled"):
+        m.cancel(job.id)
+
+
+def test_a_restarted_manager_adopts_running_jobs_and_requeues_vanished_ones(tmp_path):
+    state = tmp_path / "state"
+    m = manager(state)
+    alive = submit(m, "a", SAVER, cwd=tmp_path)
+    gone = submit(m, "b", SAVER, cwd=tmp_path)
+    running(m, alive.id)
+    running(m, gone.id)
+    pgid = m.jobs[gone.id].handle["pid"]
+    m.store.close()
+    del m  # the manager dies without a word (its thread never ran)
+    os.killpg(pgid, signal.SIGKILL)  # one job dies while nobody watches
+    time.sleep(0.3)
+    again = manager(state)
+    assert state_of(again, alive.id) is JobState.RUNNING
+    assert again.get_job(alive.id).gpu_ids  # its GPUs are still its own
+    lost = again.get_job(gone.id)
+    assert lost.state in (JobState.PENDING, JobState.RUNNING)
+    assert any(e.kind == "recovered" for e in again.events(job_id=alive.id))
+    assert any(e.kind == "requeued" for e in again.events(job_id=gone.id))
+    again.cancel(alive.id)
+    until(again, lambda: state_of(again, alive.id) is JobState.CANCELLED)
+
+
+def test_a_corrupt_or_newer_state_file_is_refused_and_left_alone(tmp_path):
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / FILE_NAME).write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StateStoreError, match="left as it is"):
+        manager(corrupt)
+    assert (corrupt / FILE_NAME).read_bytes() == b"this is not a database" * 100
+
+    newer = tmp_path / "newer"
+    manager(newer).store.close()
+    db = sqlite3.connect(newer / FILE_NAME)
+    db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    before = (newer / FILE_NAME).read_bytes()
+    with pytest.raises(StateStoreError, match="newer preemptible"):
+        manager(newer)
+    assert (newer / FILE_NAME).read_bytes() == before
