@@ -1,0 +1,196 @@
+"""`GET /metrics`: the queue manager's state and the API's latency in Prometheus text format.
+
+Each app has its own `CollectorRegistry` (never prometheus-client's global one), so two apps
+in one process, as in the tests, do not share or clash. The manager's numbers are read at
+scrape time from `metrics_snapshot()` by a custom collector: nothing is copied between scrapes,
+so what `/metrics` shows is what `/v1/stats` shows. Only the API latency is measured here, by
+an ASGI middleware, labelled with the route's template (`/v1/jobs/{job_id}`), never the raw
+path, so the number of series stays bounded.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from preemptible.queue.service.views import SignalsView, StatsView
+
+PREFIX = "preemptible_queue"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+"""The media type of the exposition (`text/plain; version=...`)."""
+
+CYCLE_QUANTILES = (0.5, 0.9, 0.99, 1.0)
+"""Quantiles of the recent cycle durations exported (1.0 is the slowest)."""
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
+"""Buckets of the API latency histogram; the last ones catch notice long-polls."""
+
+# (attribute of SignalsView, metric suffix, help): the four signals of docs/design.md.
+_SIGNALS = (
+    ("p95_wait_s", "wait_p95_seconds", "p95 queue wait over the window"),
+    ("max_wait_s", "wait_max_seconds", "Longest queue wait over the window"),
+    ("utilization", "utilization_ratio", "GPU-seconds admitted / GPU-seconds available"),
+    ("goodput", "goodput_ratio", "Utilisation minus the GPU-seconds lost to preemption"),
+    ("preemptions", "window_preemptions", "Preemptions over the window"),
+    ("preemptions_per_hour", "preemptions_per_hour", "Preemptions per hour over the window"),
+    ("lost_gpu_s", "lost_gpu_seconds", "GPU-seconds lost to preemption over the window"),
+    (
+        "lost_gpu_s_per_preemption",
+        "lost_gpu_seconds_per_preemption",
+        "GPU-seconds lost per preemption over the window",
+    ),
+    ("jobs", "window_jobs", "Jobs counted in the window"),
+)
+
+
+class MetricsSource(Protocol):
+    """The part of the manager that `/metrics` reads."""
+
+    def metrics_snapshot(self) -> dict[str, Any]: ...
+
+
+class ManagerCollector:
+    """Builds the manager's metric families at each scrape from `metrics_snapshot()`.
+
+    The snapshot holds `queue_depth` {queue: n}, `admissions` {queue: n} (since start),
+    `preemptions` {(queue, reason_kind): n} (since start), `cycle_seconds` (recent cycle
+    durations) and `signals` (a `StatsView`). A missing key exports nothing for it.
+    """
+
+    def __init__(self, source: MetricsSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._source.metrics_snapshot()
+        depth = GaugeMetricFamily(
+            f"{PREFIX}_depth", "Jobs waiting (pending) per queue", labels=["queue"]
+        )
+        for queue, n in sorted(_mapping(snapshot.get("queue_depth")).items()):
+            depth.add_metric([str(queue)], float(n))
+        yield depth
+        admissions = CounterMetricFamily(
+            f"{PREFIX}_admissions", "Jobs admitted since the manager started", labels=["queue"]
+        )
+        for queue, n in sorted(_mapping(snapshot.get("admissions")).items()):
+            admissions.add_metric([str(queue)], float(n))
+        yield admissions
+        preemptions = CounterMetricFamily(
+            f"{PREFIX}_preemptions",
+            "Preemptions since the manager started, by victim queue and reason",
+            labels=["queue", "reason"],
+        )
+        for key, n in sorted(_mapping(snapshot.get("preemptions")).items(), key=str):
+            queue, reason = key if isinstance(key, tuple) else (key, "unknown")
+            preemptions.add_metric([str(queue), str(reason)], float(n))
+        yield preemptions
+        yield from _cycle_metrics(snapshot.get("cycle_seconds"))
+        signals = snapshot.get("signals")
+        if isinstance(signals, StatsView):
+            yield from _signal_metrics(signals)
+
+
+def _mapping(value: Any) -> Mapping[Any, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _cycle_metrics(durations: Any) -> Iterator[Metric]:
+    # The manager keeps recent durations, not running totals, so a histogram (whose counts must
+    # only grow) would be a lie; quantiles of the recent window are what it can truthfully say.
+    recent = sorted(float(d) for d in durations) if isinstance(durations, Sequence) else []
+    quantiles = GaugeMetricFamily(
+        f"{PREFIX}_cycle_seconds",
+        "Duration of recent scheduling cycles (quantile over the cycles the manager keeps)",
+        labels=["quantile"],
+    )
+    for q in CYCLE_QUANTILES if recent else ():
+        quantiles.add_metric([f"{q:g}"], _quantile(recent, q))
+    yield quantiles
+    count = GaugeMetricFamily(
+        f"{PREFIX}_cycle_window_cycles", "How many recent cycles the quantiles are over"
+    )
+    count.add_metric([], float(len(recent)))
+    yield count
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile of a sorted, non-empty sequence."""
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _signal_metrics(stats: StatsView) -> Iterator[Metric]:
+    rows: list[tuple[list[str], SignalsView]] = [(["overall", ""], stats.overall)]
+    rows += [(["queue", name], view) for name, view in sorted(stats.queues.items())]
+    for attribute, suffix, help_text in _SIGNALS:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_{suffix}",
+            f"{help_text} (scope=overall, or scope=queue with its name)",
+            labels=["scope", "queue"],
+        )
+        for labels, view in rows:
+            family.add_metric(labels, float(getattr(view, attribute)))
+        yield family
+    least = GaugeMetricFamily(
+        f"{PREFIX}_max_wait_least_served_seconds", "Longest wait of the least-served queue"
+    )
+    least.add_metric([], stats.max_wait_least_served_s)
+    yield least
+    window = GaugeMetricFamily(f"{PREFIX}_signals_window_seconds", "Window of the four signals")
+    window.add_metric([], stats.window_s)
+    yield window
+
+
+class ApiMetrics:
+    """One app's registry: the manager's collector and the API latency histogram."""
+
+    def __init__(self, source: MetricsSource) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(ManagerCollector(source))
+        self.latency = Histogram(
+            "preemptible_api_request_duration_seconds",
+            "Time to answer an API request, by method, route template and status",
+            labelnames=["method", "route", "status"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        """The exposition text of everything in the registry."""
+        return generate_latest(self.registry)
+
+
+class LatencyMiddleware:
+    """ASGI middleware that times every HTTP request into `ApiMetrics.latency`."""
+
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # if the app dies before answering, the server answers 500
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.metrics.latency.labels(
+                method=scope.get("method", ""), route=template, status=str(status)
+            ).observe(time.perf_counter() - started)
