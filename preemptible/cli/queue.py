@@ -1,0 +1,430 @@
+"""`preemptible queue`: run the queue manager, or talk to one over its HTTP API.
+
+    preemptible queue serve --config queue.toml [--state DIR] [--host H] [--port N]
+    preemptible queue submit --queue Q --gpus N [--tier T] [--estimate 2h] ... -- CMD...
+    preemptible queue status|why|cancel|events|stats|logs ...
+
+The client commands read the address and token from `--url`/`--token` or
+`PREEMPTIBLE_QUEUE_URL`/`PREEMPTIBLE_TOKEN` (prefer the variable: a `--token` shows in `ps`),
+and print a table, or the server's JSON with `--json`. A refused request prints one line,
+`error: <the server's message>`, and exits 2; an unreachable server exits 1 and names the URL.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from preemptible.cli.sim import fmt_duration
+from preemptible.errors import PreemptibleError
+
+URL_ENV = "PREEMPTIBLE_QUEUE_URL"
+TOKEN_ENV = "PREEMPTIBLE_TOKEN"
+DEFAULT_PORT = 8470
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+ACTIVE_STATES = ("pending", "running", "preempting")
+
+app = typer.Typer(
+    help="Run the queue manager of one shared GPU machine, or talk to it.",
+    no_args_is_help=True,
+)
+
+Url = Annotated[
+    str,
+    typer.Option("--url", envvar=URL_ENV, help="The queue manager's address.", show_envvar=True),
+]
+Token = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar=TOKEN_ENV,
+        help="A queue token or the admin token (prefer the variable: a flag shows in ps).",
+        show_envvar=True,
+        show_default=False,
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the server's JSON as it is.")]
+JobId = Annotated[str, typer.Argument(help="The job's id (as `submit` and `status` show it).")]
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    raise typer.Exit(code)
+
+
+class _Client:
+    """The few HTTP calls the commands make; every failure ends the command with one line."""
+
+    def __init__(self, url: str, token: str | None, *, timeout_s: float = 30.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            _fail(f"--url must start with http:// or https://, got {url!r}")
+        self.url = url.rstrip("/")
+        self.token = token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> Any:
+        """The answer's JSON; exits 2 on a 4xx, 1 when the server cannot be reached."""
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            response = self._http.request(method, path, params=params, json=body)
+        except httpx.TransportError as exc:
+            _fail(
+                f"cannot reach the queue manager at {self.url} ({exc.__class__.__name__}: {exc}); "
+                f"is `preemptible queue serve` running there? Set --url or {URL_ENV}",
+                code=1,
+            )
+        if response.status_code >= 400:
+            _fail(self._message(response), code=2 if response.status_code < 500 else 1)
+        return response.json()
+
+    def _message(self, response: httpx.Response) -> str:
+        try:
+            message = str(response.json()["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            message = f"{response.status_code} {response.reason_phrase} from {self.url}"
+        if response.status_code == 401 and not self.token:
+            message += f" (no token given: pass --token or set {TOKEN_ENV})"
+        return message
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2))
+
+
+def _clock(at: float | None) -> str:
+    return "-" if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+# --- serve ---------------------------------------------------------------------------------------
+
+
+def _default_state_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("preemptible")) / "queue"
+
+
+@app.command()
+def serve(
+    config: Annotated[
+        Path, typer.Option(help="Queue configuration (TOML).", exists=True, dir_okay=False)
+    ],
+    state: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for the state file and job logs [default: the user's data folder].",
+            file_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = DEFAULT_PORT,
+) -> None:
+    """Run the queue manager: schedule, launch and preempt jobs; serve the HTTP API."""
+    from preemptible.queue.service.server import run_server
+
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        typer.echo(
+            f"warning: listening on {host}: tokens cross the network in clear text unless a "
+            "TLS proxy is in front",
+            err=True,
+        )
+    try:
+        run_server(config, state or _default_state_dir(), host, port)
+    except PreemptibleError as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"cannot serve on {host}:{port}: {exc}", code=1)
+
+
+# --- submit --------------------------------------------------------------------------------------
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def submit(
+    command: Annotated[list[str], typer.Argument(help="The program and its arguments (after --).")],
+    queue: Annotated[str, typer.Option(help="The queue (your team's).")],
+    gpus: Annotated[int, typer.Option(help="GPUs to run on.", min=0)] = 0,
+    tier: Annotated[str, typer.Option(help="critical, high, normal or low.")] = "normal",
+    cpus: Annotated[float, typer.Option(help="CPUs (0: not scheduled).", min=0)] = 0.0,
+    memory_gb: Annotated[float, typer.Option(help="Memory in GB (0: not scheduled).", min=0)] = 0.0,
+    gang: Annotated[
+        bool | None,
+        typer.Option(
+            "--gang/--no-gang",
+            help="All GPUs at once [default: yes for more than one GPU].",
+            show_default=False,
+        ),
+    ] = None,
+    estimate: Annotated[
+        str | None, typer.Option(help="Expected runtime, e.g. 90m or 2h (helps backfill).")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="A name to show [default: the program].")] = None,
+    env: Annotated[
+        list[str] | None, typer.Option(help="KEY=VALUE for the job's environment (repeatable).")
+    ] = None,
+    cwd: Annotated[
+        Path | None,
+        typer.Option(help="Working directory [default: this one].", show_default=False),
+    ] = None,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Submit a job: `submit --queue team-a --gpus 2 -- python train.py --lr 3e-4`."""
+    from preemptible.queue.core import parse_duration
+
+    body: dict[str, Any] = {
+        "queue": queue,
+        "command": command,
+        "gpus": gpus,
+        "tier": tier,
+        "cpus": cpus,
+        "memory_gb": memory_gb,
+        "env": _parse_env(env or []),
+        "cwd": str((cwd or Path.cwd()).absolute()),
+    }
+    if gang is not None:
+        body["gang"] = gang
+    if name is not None:
+        body["name"] = name
+    if estimate is not None:
+        try:
+            body["estimate_s"] = parse_duration(estimate, key="--estimate")
+        except PreemptibleError as exc:
+            _fail(str(exc))
+    job = _Client(url, token).call("POST", "/v1/jobs", body=body)
+    if as_json:
+        _print_json(job)
+    else:
+        typer.echo(f"submitted job {job['id']} to {job['queue']} ({job['state']})")
+
+
+def _parse_env(pairs: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            _fail(f"--env expects KEY=VALUE, got {pair!r}")
+        env[key] = value
+    return env
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+@app.command()
+def status(
+    queue: Annotated[str | None, typer.Option(help="Only this queue.")] = None,
+    state: Annotated[
+        str | None, typer.Option(help="Only this state (pending, running, completed...).")
+    ] = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Finished jobs too (completed, failed, cancelled).")
+    ] = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """The jobs, like squeue: waiting and running ones unless --all or --state."""
+    jobs = _Client(url, token).call("GET", "/v1/jobs", params={"queue": queue, "state": state})
+    if not show_all and state is None:
+        jobs = [j for j in jobs if j["state"] in ACTIVE_STATES]
+    if as_json:
+        _print_json(jobs)
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("ID", "NAME", "QUEUE", "TIER", "STATE", "GPUS", "WAITED", "REASON"):
+        table.add_column(column, no_wrap=column != "REASON")
+    now = time.time()
+    for job in sorted(jobs, key=lambda j: j["submitted_at"]):
+        table.add_row(
+            job["id"],
+            job["name"],
+            job["queue"],
+            job["tier"],
+            job["state"],
+            str(job["gpus"]),
+            fmt_duration(_waited(job, now)),
+            job["reason"],
+        )
+    if jobs:
+        Console(width=_width()).print(table)
+    else:
+        typer.echo("no jobs")
+
+
+def _waited(job: dict[str, Any], now: float) -> float:
+    """Time in the queue: until now while pending, else until the (last) start."""
+    end = now if job["state"] == "pending" else job["started_at"] or job["finished_at"] or now
+    return max(0.0, float(end) - float(job["submitted_at"]))
+
+
+def _width() -> int | None:
+    return None if sys.stdout.isatty() else 160
+
+
+@app.command()
+def why(
+    job_id: JobId, url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False
+) -> None:
+    """Why a job waits, or why it was preempted: its state, reason and history."""
+    answer = _Client(url, token).call("GET", f"/v1/jobs/{job_id}/why")
+    if as_json:
+        _print_json(answer)
+        return
+    typer.echo(f"{answer['id']}: {answer['state']}: {answer['reason']}")
+    for event in answer["history"]:
+        typer.echo(f"  {_clock(event['at'])}  {event['kind']:<12} {event['reason']}")
+
+
+@app.command()
+def cancel(
+    job_id: JobId, url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False
+) -> None:
+    """Cancel a job: a running one gets its notice and grace, then is killed."""
+    job = _Client(url, token).call("DELETE", f"/v1/jobs/{job_id}")
+    if as_json:
+        _print_json(job)
+    else:
+        typer.echo(f"{job['id']}: {job['state']} ({job['reason']})")
+
+
+@app.command()
+def events(
+    since: Annotated[int, typer.Option(help="Only events after this id.", min=0)] = 0,
+    queue: Annotated[str | None, typer.Option(help="Only this queue's events.")] = None,
+    job: Annotated[str | None, typer.Option(help="Only this job's events.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new ones.")] = False,
+    interval: Annotated[str, typer.Option(help="How often --follow asks.")] = "1s",
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """The audit log: submitted, admitted, notice, exited, requeued, cancelled, with reasons."""
+    pause_s = _duration(interval, "--interval")
+    client = _Client(url, token)
+    params: dict[str, Any] = {"since": since, "queue": queue, "job_id": job}
+    try:
+        while True:
+            found = client.call("GET", "/v1/events", params=params)
+            if as_json and not follow:
+                _print_json(found)
+            for event in found:
+                if as_json and follow:
+                    typer.echo(json.dumps(event))  # one object a line while following
+                elif not as_json:
+                    typer.echo(_event_line(event))
+            if found:
+                params["since"] = found[-1]["id"]
+            if not follow:
+                return
+            if not found:
+                time.sleep(pause_s)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    return (
+        f"{event['id']:>6}  {_clock(event['at'])}  {event['kind']:<12} "
+        f"{event['job_id'] or '-':<8} {event['queue'] or '-':<12} {event['reason']}"
+    )
+
+
+def _duration(text: str, option: str) -> float:
+    from preemptible.queue.core import parse_duration
+
+    try:
+        return parse_duration(text, key=option)
+    except PreemptibleError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def stats(url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False) -> None:
+    """The four signals per queue and overall: wait, utilisation, preemptions, least served."""
+    answer = _Client(url, token).call("GET", "/v1/stats")
+    if as_json:
+        _print_json(answer)
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    columns = ("QUEUE", "JOBS", "P95 WAIT", "MAX WAIT", "UTIL", "GOODPUT", "PREEMPT/H")
+    for column in (*columns, "LOST GPU-S/PREEMPT"):
+        table.add_column(column, justify="left" if column == "QUEUE" else "right")
+    rows = [*sorted(answer["queues"].items()), ("(overall)", answer["overall"])]
+    for name, s in rows:
+        table.add_row(
+            name,
+            str(s["jobs"]),
+            fmt_duration(s["p95_wait_s"]),
+            fmt_duration(s["max_wait_s"]),
+            f"{100 * s['utilization']:.1f}%",
+            f"{100 * s['goodput']:.1f}%",
+            f"{s['preemptions_per_hour']:.2f}",
+            f"{s['lost_gpu_s_per_preemption']:.0f}",
+        )
+    Console(width=_width()).print(table)
+    typer.echo(
+        f"max wait of the least-served queue: {fmt_duration(answer['max_wait_least_served_s'])}"
+        f" (window {fmt_duration(answer['window_s'])})"
+    )
+
+
+@app.command()
+def logs(
+    job_id: JobId,
+    attempt: Annotated[
+        int | None, typer.Option(help="Which attempt [default: the latest].")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the job finishes.")
+    ] = False,
+    interval: Annotated[str, typer.Option(help="How often --follow asks.")] = "1s",
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """A job's output (stdout and stderr of one attempt)."""
+    pause_s = _duration(interval, "--interval")
+    client = _Client(url, token)
+    offset = 0
+    try:
+        while True:
+            chunk = client.call(
+                "GET",
+                f"/v1/jobs/{job_id}/logs",
+                params={"attempt": attempt, "offset": offset},
+            )
+            if as_json:
+                typer.echo(json.dumps(chunk))
+            elif chunk["text"]:
+                sys.stdout.write(chunk["text"])
+                sys.stdout.flush()
+            caught_up = chunk["next_offset"] == offset
+            offset = chunk["next_offset"]
+            if caught_up and (not follow or chunk["state"] not in ACTIVE_STATES):
+                return
+            if caught_up:
+                time.sleep(pause_s)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+__all__ = ["app"]
