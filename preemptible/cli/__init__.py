@@ -6,6 +6,7 @@ import typer
 
 from preemptible.cli.ckpt import app as ckpt_app
 from preemptible.cli.launch import LAUNCH_CONTEXT, launch_command
+from preemptible.cli.queue import app as queue_app
 from preemptible.cli.sim import app as sim_app
 
 app = typer.Typer(
@@ -17,6 +18,7 @@ app = typer.Typer(
 )
 app.add_typer(ckpt_app, name="ckpt")
 app.add_typer(sim_app, name="sim")
+app.add_typer(queue_app, name="queue")
 app.command("launch", context_settings=LAUNCH_CONTEXT)(launch_command)
 
 
