@@ -1,0 +1,197 @@
+"""`preemptible queue serve` for real: a server process, HTTP clients, jobs, SIGKILL, restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+CONFIG = """
+[cluster]
+gpus = 2
+
+[preemption]
+grace_min = "1s"
+grace_max = "3s"
+min_runtime = "0s"
+cooldown = "0s"
+
+[service]
+admin_token = "env:TEST_ADMIN_TOKEN"
+
+[[queues]]
+name = "a"
+nominal = { gpus = 1 }
+token = "env:TEST_A_TOKEN"
+
+[[queues]]
+name = "b"
+nominal = { gpus = 1 }
+borrowing_limit = { gpus = 1 }
+token = "env:TEST_B_TOKEN"
+"""
+TOKENS = {
+    "TEST_ADMIN_TOKEN": "admin-secret",
+    "TEST_A_TOKEN": "a-secret",
+    "TEST_B_TOKEN": "b-secret",
+}
+CLI = [sys.executable, "-m", "preemptible"]
+# Saves on SIGTERM (a file stands for the checkpoint), then exits 143.
+SAVER = (
+    "import signal, sys, time, pathlib\n"
+    "def stop(*a):\n"
+    "    pathlib.Path('saved').write_text('x'); sys.exit(143)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 60)\n"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """One `preemptible queue serve` process on a state directory."""
+
+    def __init__(self, tmp: Path, port: int):
+        self.tmp, self.port = tmp, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        config = self.tmp / "queue.toml"
+        config.write_text(CONFIG)
+        log = open(self.tmp / "server.log", "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            [
+                *CLI,
+                "queue",
+                "serve",
+                "--config",
+                str(config),
+                "--state",
+                str(self.tmp / "state"),
+                "--port",
+                str(self.port),
+            ],
+            env={**os.environ, **TOKENS},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert self.proc.poll() is None, (self.tmp / "server.log").read_text()
+            time.sleep(0.1)
+        raise AssertionError("the server did not answer within 30 s")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(15)
+
+    def client(self, token: str) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=10
+        )
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = Server(tmp_path, free_port())
+    s.start()
+    yield s
+    s.stop()
+
+
+def wait_for(client: httpx.Client, job_id: str, states: set[str], timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["state"] in states:
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"{job_id} never reached {states}: {job}")
+
+
+def ready(client: httpx.Client, job_id: str, timeout: float = 30) -> None:
+    """Wait until the job runs and has installed its SIGTERM handler (it prints 'ready')."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if "ready" in client.get(f"/v1/jobs/{job_id}/logs").json()["text"]:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{job_id} never said it was ready")
+
+
+def submit(client: httpx.Client, queue: str, code: str, *args: str, **fields) -> dict:
+    body = {"queue": queue, "command": [sys.executable, "-c", code, *args], **fields}
+    r = client.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def test_a_team_runs_a_job_and_another_team_cannot_touch_it(server, tmp_path):
+    with server.client("a-secret") as a, server.client("b-secret") as b:
+        job = submit(a, "a", "print('hello')", gpus=1)
+        done = wait_for(a, job["id"], {"completed", "failed"})
+        assert done["state"] == "completed" and done["exit_code"] == 0
+        assert b.get(f"/v1/jobs/{job['id']}").status_code == 403
+        assert b.delete(f"/v1/jobs/{job['id']}").status_code == 403
+        assert b.post("/v1/jobs", json={"queue": "a", "command": ["true"]}).status_code == 403
+        logs = a.get(f"/v1/jobs/{job['id']}/logs").json()
+        assert logs["text"].strip() == "hello"
+    assert "a-secret" not in (tmp_path / "server.log").read_text()
+
+
+def test_a_borrower_is_preempted_for_the_lending_queue_and_comes_back(server, tmp_path):
+    with server.client("a-secret") as a, server.client("b-secret") as b:
+        low = submit(b, "b", SAVER, "4", gpus=2, tier="low", cwd=str(tmp_path))
+        ready(b, low["id"])
+        high = submit(a, "a", "print('mine')", gpus=1, tier="high")
+        assert wait_for(a, high["id"], {"completed"})["state"] == "completed"
+        assert (tmp_path / "saved").exists()
+        back = wait_for(b, low["id"], {"completed"}, timeout=60)
+        assert back["attempts"] == 2
+        why = b.get(f"/v1/jobs/{low['id']}/why").json()
+        kinds = [e["kind"] for e in why["history"]]
+        assert "notice" in kinds and "requeued" in kinds
+        stats = b.get("/v1/stats").json()
+        assert stats["queues"]["b"]["preemptions"] == 1
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert "preemptible_" in metrics
+
+
+def test_a_killed_server_loses_no_job_and_adopts_the_running_one(server, tmp_path):
+    with server.client("admin-secret") as admin:
+        running = submit(admin, "a", SAVER, "3", gpus=1, cwd=str(tmp_path))
+        ready(admin, running["id"])
+        queued = submit(admin, "b", "print('later')", gpus=2)
+    server.kill()  # SIGKILL: no shutdown at all
+    server.start()
+    with server.client("admin-secret") as admin:
+        ids = {j["id"] for j in admin.get("/v1/jobs").json()}
+        assert {running["id"], queued["id"]} <= ids
+        assert wait_for(admin, running["id"], {"completed"})["attempts"] == 1  # adopted
+        assert wait_for(admin, queued["id"], {"completed"})["state"] == "completed"
+        kinds = [e["kind"] for e in admin.get("/v1/events").json()]
+        assert "recovered" in kinds
