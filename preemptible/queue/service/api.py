@@ -15,7 +15,6 @@ jobs waiting for notices never starve the other routes.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -201,11 +200,8 @@ class CheckpointedBody(_Request):
     at: Annotated[float, Field(ge=0), _NUMBER] | None = None
 
 
-# --- models: answers (mirror views.py) -----------------------------------------------------------
-
-
-class _Answer(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+# --- models: answers ----------------------------------------------------------------------------
+# The manager's views (views.py) are the answers themselves; these wrap or add to them.
 
 
 class ErrorDetail(BaseModel):
@@ -221,114 +217,12 @@ class ErrorAnswer(BaseModel):
     error: ErrorDetail
 
 
-class CostModel(_Answer):
-    save_seconds_p95: float | None = None
-    stall_seconds_p95: float | None = None
-    restore_seconds: float | None = None
-    bytes: int | None = None
-    last_checkpoint_step: int | None = None
-    last_checkpoint_time: float | None = None
-    observed_exit_seconds: float | None = None
-
-
-class JobModel(_Answer):
-    id: str
-    name: str
-    queue: str
-    tier: str
-    gpus: int
-    cpus: float
-    memory_gb: float
-    state: JobState
-    reason: str
-    submitted_at: float
-    started_at: float | None
-    finished_at: float | None
-    attempts: int
-    exit_code: int | None
-    grace_s: float
-    min_runtime_s: float
-    cost: CostModel
-    command: list[str]
-    gpu_ids: list[int] = Field(default_factory=list)
-
-
-class EventModel(_Answer):
-    id: int
-    at: float
-    kind: str
-    job_id: str | None
-    queue: str | None
-    reason: str
-    data: dict[str, Any] = Field(default_factory=dict)
-
-
-class WhyModel(_Answer):
-    id: str
-    state: JobState
-    reason: str
-    history: list[EventModel]
-
-
-class NegotiationModel(_Answer):
-    grace_s: float
-    min_runtime_s: float
-    checkpoint_interval_hint_s: float | None
-
-
-class NoticeModel(_Answer):
-    reason: str
-    grace_s: float
-    deadline: float
-
-
 class NoticeAnswer(BaseModel):
-    notice: NoticeModel | None
+    notice: NoticeView | None
 
 
 class CheckpointedAnswer(BaseModel):
     ok: bool = True
-
-
-class SignalsModel(_Answer):
-    p95_wait_s: float
-    max_wait_s: float
-    utilization: float
-    goodput: float
-    preemptions: int
-    preemptions_per_hour: float
-    lost_gpu_s: float
-    lost_gpu_s_per_preemption: float
-    jobs: int
-
-
-def _finite_or_none(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-Limit = Annotated[float | None, BeforeValidator(_finite_or_none)]
-"""A quota in GPUs; null for no limit (the configuration's infinity)."""
-
-
-class QueueModel(_Answer):
-    name: str
-    weight: float
-    nominal_gpus: Limit
-    """null: no nominal quota limit."""
-    borrowing_limit_gpus: Limit
-    """null: may borrow without limit."""
-    used_gpus: float
-    borrowed_gpus: float
-    pending: int
-    running: int
-    fair_share: float
-
-
-class StatsModel(_Answer):
-    window_s: float
-    overall: SignalsModel
-    queues: dict[str, SignalsModel]
-    max_wait_least_served_s: float
 
 
 class LogChunk(BaseModel):
@@ -646,14 +540,14 @@ _BODY = _documented(400, 413)
 
 
 @router.post("/jobs", status_code=201, responses=_BODY, summary="Submit a job")
-def submit(body: SubmitBody, principal: Caller, manager: Manager) -> JobModel:
+def submit(body: SubmitBody, principal: Caller, manager: Manager) -> JobView:
     if not principal.may_act_for_queue(body.queue):
         if principal.kind is PrincipalKind.JOB:
             raise _job_token_refused(principal)
         raise AccessDeniedError(
             f"{principal.describe()} may submit only to its own queue, not {body.queue!r}"
         )
-    return JobModel.model_validate(manager.submit(body.to_view()))
+    return manager.submit(body.to_view())
 
 
 @router.get("/jobs", summary="List jobs")
@@ -662,15 +556,15 @@ def list_jobs(
     manager: Manager,
     queue: Annotated[str | None, Query(max_length=200)] = None,
     state: JobState | None = None,
-) -> list[JobModel]:
+) -> list[JobView]:
     scope = _queue_scope(principal, queue)
-    return [JobModel.model_validate(j) for j in manager.list_jobs(queue=scope, state=state)]
+    return manager.list_jobs(queue=scope, state=state)
 
 
 @router.get("/jobs/{job_id}", responses=_JOB, summary="One job")
-def get_job(job_id: str, principal: Caller, manager: Manager) -> JobModel:
+def get_job(job_id: str, principal: Caller, manager: Manager) -> JobView:
     _check_job_access(manager, principal, job_id)
-    return JobModel.model_validate(manager.get_job(job_id))
+    return manager.get_job(job_id)
 
 
 @router.delete(
@@ -679,15 +573,15 @@ def get_job(job_id: str, principal: Caller, manager: Manager) -> JobModel:
     responses={**_JOB, **_documented(409)},
     summary="Cancel a job: notice, grace, kill",
 )
-def cancel(job_id: str, principal: Caller, manager: Manager) -> JobModel:
+def cancel(job_id: str, principal: Caller, manager: Manager) -> JobView:
     _check_job_access(manager, principal, job_id)
-    return JobModel.model_validate(manager.cancel(job_id))
+    return manager.cancel(job_id)
 
 
 @router.get("/jobs/{job_id}/why", responses=_JOB, summary="Why pending, why preempted")
-def why(job_id: str, principal: Caller, manager: Manager) -> WhyModel:
+def why(job_id: str, principal: Caller, manager: Manager) -> WhyView:
     _check_job_access(manager, principal, job_id)
-    return WhyModel.model_validate(manager.why(job_id))
+    return manager.why(job_id)
 
 
 @router.post(
@@ -697,9 +591,9 @@ def why(job_id: str, principal: Caller, manager: Manager) -> WhyModel:
 )
 def report_cost(
     job_id: str, body: CostBody, principal: Caller, manager: Manager
-) -> NegotiationModel:
+) -> NegotiationView:
     _check_own_job(principal, job_id)
-    return NegotiationModel.model_validate(manager.report_cost(job_id, body.to_view()))
+    return manager.report_cost(job_id, body.to_view())
 
 
 @router.get(
@@ -721,7 +615,7 @@ async def notice(
     found = await anyio.to_thread.run_sync(
         manager.wait_notice, job_id, min(wait, MAX_NOTICE_WAIT_S), limiter=state.notice_limiter
     )
-    return NoticeAnswer(notice=None if found is None else NoticeModel.model_validate(found))
+    return NoticeAnswer(notice=found)
 
 
 @router.post(
@@ -773,13 +667,13 @@ def logs(
 
 
 @router.get("/queues", summary="Queues with quota, usage and fair share (any token)")
-def queues(principal: Caller, manager: Manager) -> list[QueueModel]:
-    return [QueueModel.model_validate(q) for q in manager.queues()]
+def queues(principal: Caller, manager: Manager) -> list[QueueView]:
+    return manager.queues()
 
 
 @router.get("/stats", summary="The four signals per queue and overall (any token)")
-def stats(principal: Caller, manager: Manager) -> StatsModel:
-    return StatsModel.model_validate(manager.stats())
+def stats(principal: Caller, manager: Manager) -> StatsView:
+    return manager.stats()
 
 
 @router.get("/events", summary="The audit log, oldest first")
@@ -790,10 +684,10 @@ def events(
     queue: Annotated[str | None, Query(max_length=200)] = None,
     job_id: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 1000,
-) -> list[EventModel]:
+) -> list[EventView]:
     scope = _queue_scope(principal, queue)
     found = manager.events(since=since, queue=scope, job_id=job_id, limit=limit)
-    return [EventModel.model_validate(e) for e in found]
+    return found
 
 
 class _PrometheusText(Response):

@@ -51,6 +51,7 @@ from preemptible.queue.service.views import (
     StatsView,
     SubmitRequest,
     WhyView,
+    finite_or_none,
 )
 from preemptible.queue.shell import Leaving, Shell
 
@@ -612,8 +613,8 @@ class QueueManager:
                     QueueView(
                         name=q.name,
                         weight=q.weight,
-                        nominal_gpus=q.nominal.gpus,
-                        borrowing_limit_gpus=q.borrowing_limit.gpus,
+                        nominal_gpus=finite_or_none(q.nominal.gpus),
+                        borrowing_limit_gpus=finite_or_none(q.borrowing_limit.gpus),
                         used_gpus=a.gpus,
                         borrowed_gpus=max(0.0, a.gpus - q.nominal.gpus),
                         pending=sum(1 for j in st.pending.values() if j.queue == q.name),

@@ -7,6 +7,7 @@ fields, so the OpenAPI schema describes exactly what the manager says.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,8 +149,10 @@ class QueueView:
 
     name: str
     weight: float
-    nominal_gpus: float
-    borrowing_limit_gpus: float
+    nominal_gpus: float | None
+    """None: no nominal quota limit."""
+    borrowing_limit_gpus: float | None
+    """None: may borrow without limit."""
     used_gpus: float
     borrowed_gpus: float
     pending: int
@@ -166,3 +169,8 @@ class StatsView:
     overall: SignalsView
     queues: dict[str, SignalsView]
     max_wait_least_served_s: float
+
+
+def finite_or_none(value: float) -> float | None:
+    """A limit as JSON can say it: None for the configuration's infinity (no limit)."""
+    return value if math.isfinite(value) else None

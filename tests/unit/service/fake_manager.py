@@ -38,6 +38,7 @@ from preemptible.queue.service.views import (
     StatsView,
     SubmitRequest,
     WhyView,
+    finite_or_none,
 )
 
 CONFIG_TEXT = """
@@ -227,8 +228,8 @@ class FakeQueueManager:
                     QueueView(
                         name=q.name,
                         weight=q.weight,
-                        nominal_gpus=q.nominal.gpus,
-                        borrowing_limit_gpus=q.borrowing_limit.gpus,
+                        nominal_gpus=finite_or_none(q.nominal.gpus),
+                        borrowing_limit_gpus=finite_or_none(q.borrowing_limit.gpus),
                         used_gpus=float(sum(j.gpus for j in running)),
                         borrowed_gpus=0.0,
                         pending=sum(1 for j in jobs if j.state is JobState.PENDING),
