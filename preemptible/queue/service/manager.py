@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from preemptible.errors import JobNotFoundError, JobStateError, QueueError, RequestError
-from preemptible.queue.core import POLICIES, Policy, Preempt, QueueConfig, RunningJob, Tier
+from preemptible.queue.core import (
+    POLICIES,
+    Job,
+    Policy,
+    Preempt,
+    QueueConfig,
+    RunningJob,
+    Tier,
+)
 from preemptible.queue.core.fair_share import dominant_share, fair_share_value, weight_fractions
 from preemptible.queue.core.model import Admit
 from preemptible.queue.core.negotiation import grace_seconds, negotiate
@@ -98,6 +106,10 @@ class QueueManager:
         self.last_reasons: dict[str, str] = {}
         self.default_reason = "pending: waiting for the next cycle"
         self.cycle_seconds: deque[float] = deque(maxlen=1000)
+        self.cycles_run = 0
+        """Cycles of the core so far (each `Shell.cycles` call counts once)."""
+        self.wake_at: float | None = None
+        """When the last cycle asked to run again although nothing changes before then."""
         self.admissions: Counter[str] = Counter()
         self.preemption_counts: Counter[tuple[str, str]] = Counter()
         self._dirty = True
@@ -147,7 +159,9 @@ class QueueManager:
         started = time.perf_counter()
         results = self.shell.cycles(now, _LiveRuns(self))
         self.cycle_seconds.append(time.perf_counter() - started)
+        self.cycles_run += 1
         last = results[-1]
+        self.wake_at = last.wake_at
         self.default_reason = last.default_reason
         reasons = dict(last.pending)
         with self.store.transaction() as db:
@@ -440,7 +454,7 @@ class QueueManager:
         )
         self.preemption_counts[(record.queue, kind)] += 1
         self._send_notice(record, now, notice.reason, notice.grace_s, notice.for_job)
-        return Leaving(at=now + notice.grace_s)
+        return Leaving(at=now + _expected_exit_s(running.job, notice.grace_s))
 
     def _send_notice(
         self, record: JobRecord, now: float, reason: str, grace_s: float, for_job: str | None
@@ -690,6 +704,15 @@ class _LiveRuns:
 
     def noticed(self, notice: Preempt, running: RunningJob, now: float) -> Leaving:
         return self.manager._notice(notice, running, now)
+
+
+def _expected_exit_s(job: Job, grace_s: float) -> float:
+    """How long a noticed job should take to leave: a job that saves on notice (it reported
+    its cost) takes its save, the claim checked against what was observed; any other may take
+    the whole grace. Backfill plans with it, as the simulator does."""
+    if job.checkpoint_on_notice:
+        return min(grace_s, job.save_s)
+    return grace_s
 
 
 def _find_runner(status_path: Path) -> ProcessHandle | None:
