@@ -73,6 +73,9 @@ from preemptible.queue.service.views import (
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
+MAX_INT = 2**53 - 1
+"""The largest integer a field or parameter takes: the largest JSON carries exactly (a
+JavaScript number), well within what SQLite and a file offset hold."""
 """Largest request body accepted; a larger one is answered 413 before it is read."""
 MAX_NOTICE_WAIT_S = 60.0
 """A notice long-poll waits at most this long, whatever `wait` asks."""
@@ -151,6 +154,7 @@ Env = Annotated[
 Directory = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=_NO_NUL)]
 Tier = Literal["critical", "high", "normal", "low"]
 _YEAR_S = 365 * 86400.0
+_WEEK_S = 7 * 86400.0
 
 
 class _Request(BaseModel):
@@ -177,15 +181,18 @@ class SubmitBody(_Request):
 
 
 class CostBody(BaseModel):
-    """`POST /v1/jobs/{id}/cost`: the cost file's JSON; its other fields are ignored."""
+    """`POST /v1/jobs/{id}/cost`: the cost file's JSON; its other fields are ignored.
+
+    A save, stall or restore of more than a week is a mistake (and would negotiate a minimum
+    runtime no float holds)."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
-    save_seconds_p95: Annotated[float, Field(ge=0), _NUMBER] | None = None
-    stall_seconds_p95: Annotated[float, Field(ge=0), _NUMBER] | None = None
-    restore_seconds: Annotated[float, Field(ge=0), _NUMBER] | None = None
-    bytes: Annotated[int, Field(ge=0), _NUMBER] | None = None
-    last_checkpoint_step: Annotated[int, Field(ge=0), _NUMBER] | None = None
+    save_seconds_p95: Annotated[float, Field(ge=0, le=_WEEK_S), _NUMBER] | None = None
+    stall_seconds_p95: Annotated[float, Field(ge=0, le=_WEEK_S), _NUMBER] | None = None
+    restore_seconds: Annotated[float, Field(ge=0, le=_WEEK_S), _NUMBER] | None = None
+    bytes: Annotated[int, Field(ge=0, le=MAX_INT), _NUMBER] | None = None
+    last_checkpoint_step: Annotated[int, Field(ge=0, le=MAX_INT), _NUMBER] | None = None
     last_checkpoint_time: Annotated[float, Field(ge=0), _NUMBER] | None = None
 
     def to_view(self) -> CostView:
@@ -196,7 +203,7 @@ class CostBody(BaseModel):
 class CheckpointedBody(_Request):
     """`POST /v1/jobs/{id}/checkpointed`: a checkpoint of `step` was committed at `at`."""
 
-    step: Annotated[int, Field(ge=0), _NUMBER]
+    step: Annotated[int, Field(ge=0, le=MAX_INT), _NUMBER]
     at: Annotated[float, Field(ge=0), _NUMBER] | None = None
 
 
@@ -640,8 +647,8 @@ def logs(
     job_id: str,
     principal: Caller,
     manager: Manager,
-    attempt: Annotated[int | None, Query(ge=1)] = None,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    attempt: Annotated[int | None, Query(ge=1, le=MAX_INT)] = None,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
     limit: Annotated[int, Query(ge=1024, le=MAX_LOG_CHUNK)] = DEFAULT_LOG_CHUNK,
 ) -> LogChunk:
     _check_job_access(manager, principal, job_id)
@@ -680,7 +687,7 @@ def stats(principal: Caller, manager: Manager) -> StatsView:
 def events(
     principal: Caller,
     manager: Manager,
-    since: Annotated[int, Query(ge=0)] = 0,
+    since: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
     queue: Annotated[str | None, Query(max_length=200)] = None,
     job_id: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 1000,

@@ -531,6 +531,8 @@ def test_a_huge_body_is_413_declared_or_streamed(http: httpx.Client) -> None:
         ("cost", {"save_seconds_p95": -1}),
         ("cost", {"bytes": "many"}),
         ("cost", {"restore_seconds": "Infinity"}),
+        ("cost", {"save_seconds_p95": 1.5e308}),  # a minimum runtime no float holds
+        ("cost", {"last_checkpoint_step": 2**53}),
         ("checkpointed", {}),
         ("checkpointed", {"step": -1}),
         ("checkpointed", {"step": "ten"}),
@@ -552,6 +554,8 @@ def test_malformed_job_reports_are_422(
         "/v1/jobs/{id}/notice?wait=soon",
         "/v1/jobs/{id}/notice?wait=nan",
         "/v1/events?since=-3",
+        "/v1/events?since=99999999999999999999",  # beyond SQLite's integers
+        "/v1/jobs/{id}/logs?offset=99999999999999999999",
         "/v1/events?limit=0",
         "/v1/jobs/{id}/logs?offset=-1",
         "/v1/jobs/{id}/logs?attempt=0",
