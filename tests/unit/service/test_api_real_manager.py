@@ -69,9 +69,7 @@ _manager = QueueManager(
     poll_s=0.02,
 )
 for _i in range(12):  # more than the GPUs: some run, some wait
-    _manager.submit(
-        SubmitRequest(queue=("team-a", "team-b")[_i % 2], gpus=2, command=["train.py"])
-    )
+    _manager.submit(SubmitRequest(queue=("team-a", "team-b")[_i % 2], gpus=2, command=["train.py"]))
 _manager.step()
 
 schema = schemathesis.openapi.from_asgi(
