@@ -46,6 +46,7 @@ from preemptible.queue.service.executor import (
     ProcessExecutor,
     ProcessHandle,
 )
+from preemptible.queue.service.metrics import DurationHistogram
 from preemptible.queue.service.records import JobRecord, Notice
 from preemptible.queue.service.store import Store
 from preemptible.queue.service.views import (
@@ -106,6 +107,7 @@ class QueueManager:
         self.last_reasons: dict[str, str] = {}
         self.default_reason = "pending: waiting for the next cycle"
         self.cycle_seconds: deque[float] = deque(maxlen=1000)
+        self.cycle_histogram = DurationHistogram()
         self.cycles_run = 0
         """Cycles of the core so far (each `Shell.cycles` call counts once)."""
         self.wake_at: float | None = None
@@ -158,7 +160,9 @@ class QueueManager:
             return
         started = time.perf_counter()
         results = self.shell.cycles(now, _LiveRuns(self))
-        self.cycle_seconds.append(time.perf_counter() - started)
+        took = time.perf_counter() - started
+        self.cycle_seconds.append(took)
+        self.cycle_histogram.observe(took)
         self.cycles_run += 1
         last = results[-1]
         self.wake_at = last.wake_at
@@ -657,6 +661,7 @@ class QueueManager:
                 "admissions": dict(self.admissions),
                 "preemptions": dict(self.preemption_counts),
                 "cycle_seconds": list(self.cycle_seconds),
+                "cycle_histogram": self.cycle_histogram.snapshot(),
                 "signals": self.stats(),
             }
 

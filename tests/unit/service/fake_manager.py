@@ -26,6 +26,7 @@ from fastapi import FastAPI
 
 from preemptible.errors import JobNotFoundError, JobStateError, RequestError
 from preemptible.queue.core import QueueConfig, parse_config_text
+from preemptible.queue.service.metrics import DurationHistogram
 from preemptible.queue.service.views import (
     CostView,
     EventView,
@@ -94,6 +95,9 @@ class FakeQueueManager:
         self._events: list[EventView] = []
         self._seq = 0
         self.submissions: list[SubmitRequest] = []
+        self.cycles = DurationHistogram()
+        for seconds in (0.002, 0.001, 0.004, 0.003, 0.3):
+            self.cycles.observe(seconds)
         self.cost_reports: list[tuple[str, CostView]] = []
         self.checkpoints: list[tuple[str, int, float | None]] = []
         self.notice_waits: list[tuple[str, float]] = []
@@ -294,6 +298,7 @@ class FakeQueueManager:
             "admissions": {"team-a": 3, "team-b": 1},
             "preemptions": {("team-b", "tier"): 2, ("team-b", "reclaim"): 1},
             "cycle_seconds": [0.002, 0.001, 0.004, 0.003],
+            "cycle_histogram": self.cycles.snapshot(),
             "signals": self.stats(),
         }
 

@@ -216,6 +216,7 @@ def test_replay_through_the_manager_makes_the_simulators_decisions(
     notices = [d for d in sim.decisions if d[0] == "notice"]
     assert len(notices) >= 5, "the trace must exercise preemption"
     assert decisions == sim.decisions
+    assert manager.metrics_snapshot()["cycle_histogram"].count == manager.cycles_run > 0
     for rec in result.records:
         mine = manager.jobs[rec.trace.job_id]
         assert mine.state == JobState.COMPLETED.value
