@@ -9,6 +9,7 @@ run does through `Runs`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -126,13 +127,26 @@ class Shell:
             self.state.nominate(job_id, now, nodes=notice.restart_on, moving=True)
         self.state.mark_terminating(job_id, expected_end=leaving.at)
 
+    def restore_usage(self, runs: Iterable[tuple[Job, float, float | None]], now: float) -> None:
+        """Rebuild the decayed usage after a restart from the runs on record: (job, start,
+        end, or None for a run that had not ended). Call it before `adopt`, which counts no
+        usage: the open runs here already hold theirs."""
+        changes: list[tuple[float, float, str]] = []
+        for job, start, end in runs:
+            share = self._share(job)
+            changes.append((start, share, job.queue))
+            if end is not None:
+                changes.append((end, -share, job.queue))
+        for at, share, queue in sorted(changes):  # at one instant, releases first
+            self.tracker.advance(at)
+            self.tracker.add(queue, share)
+        self.tracker.advance(now)
+
     def adopt(self, running: RunningJob, now: float) -> None:
         """A job found running (the manager restarted while it ran) holds its resources again;
-        `running.terminating` when it had been told to go."""
+        `running.terminating` when it had been told to go. Its usage is `restore_usage`'s."""
         expected = now + running.job.expected_runtime_s(self.config.policy.default_estimate_s)
         self.state.start(running, expected_end=expected)
-        self.tracker.advance(now)
-        self.tracker.add(running.job.queue, self._share(running.job))
 
     def _share(self, job: Job) -> float:
         r = job.request

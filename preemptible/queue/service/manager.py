@@ -418,6 +418,7 @@ class QueueManager:
         except QueueError as exc:
             record.launch_error = str(exc)
         else:
+            time.sleep(0.3)  # MUTATION
             record.handle = dataclasses.asdict(handle)
         self._save(record)
 
@@ -573,9 +574,17 @@ class QueueManager:
     def _recover(self) -> None:
         now = self.clock()
         for job_id, token_hash, doc in self.store.load_jobs():
-            record = JobRecord.from_doc(doc)
-            self.jobs[job_id] = record
+            self.jobs[job_id] = JobRecord.from_doc(doc)
             self.by_token[token_hash] = job_id
+        self.shell.restore_usage(
+            (
+                (record.core_job(), start, None if end < 0 else end)
+                for record in self.jobs.values()
+                for start, end in record.runs
+            ),
+            now,
+        )
+        for record in self.jobs.values():
             if record.state == JobState.PENDING.value:
                 self.shell.submit(record.core_job())
             elif record.state in RUNNING_STATES:

@@ -17,9 +17,10 @@ import pytest
 
 from preemptible.errors import JobNotFoundError, JobStateError, RequestError, StateStoreError
 from preemptible.queue.core import parse_config
+from preemptible.queue.service.executor import ProcessExecutor
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.server import build_manager
-from preemptible.queue.service.store import FILE_NAME
+from preemptible.queue.service.store import FILE_NAME, Store
 from preemptible.queue.service.views import CostView, JobState, SubmitRequest
 
 CONFIG = {
@@ -211,6 +212,26 @@ def test_a_restarted_manager_adopts_running_jobs_and_requeues_vanished_ones(tmp_
     assert any(e.kind == "requeued" for e in again.events(job_id=gone.id))
     again.cancel(alive.id)
     until(again, lambda: state_of(again, alive.id) is JobState.CANCELLED)
+
+
+def test_a_restarted_manager_keeps_the_fair_share_usage(tmp_path):
+    state = tmp_path / "state"
+    m = manager(state)
+    done = submit(m, "a", "import time; time.sleep(1)")
+    held = submit(m, "b", SAVER, cwd=tmp_path)
+    until(m, lambda: state_of(m, done.id) is JobState.COMPLETED, timeout=30)
+    running(m, held.id)
+    m.store.close()
+    at = time.time()
+    again = QueueManager(
+        m.config, Store(state), ProcessExecutor(), state_dir=state, clock=lambda: at
+    )
+    m.shell.tracker.advance(at)
+    before, after = m.shell.tracker.averages(), again.shell.tracker.averages()
+    assert before["a"] > 0 and before["b"] > 0  # one ran and ended, one still runs
+    assert after == pytest.approx(before, rel=0.05)  # runs end when polled, not at their exit
+    again.cancel(held.id)
+    until(again, lambda: state_of(again, held.id) is JobState.CANCELLED)
 
 
 def test_a_corrupt_or_newer_state_file_is_refused_and_left_alone(tmp_path):
