@@ -195,3 +195,40 @@ def test_a_killed_server_loses_no_job_and_adopts_the_running_one(server, tmp_pat
         assert wait_for(admin, queued["id"], {"completed"})["state"] == "completed"
         kinds = [e["kind"] for e in admin.get("/v1/events").json()]
         assert "recovered" in kinds
+
+
+@pytest.mark.parametrize("problem", ["port in use", "state under a file", "quotas too large"])
+def test_a_server_that_cannot_start_says_why_in_one_line_and_exits_2(tmp_path, problem):
+    config = tmp_path / "queue.toml"
+    text = CONFIG
+    if problem == "quotas too large":
+        text = CONFIG.replace(
+            'name = "b"\nnominal = { gpus = 1 }', 'name = "b"\nnominal = { gpus = 2 }'
+        )
+    config.write_text(text)
+    state = tmp_path / "state"
+    if problem == "state under a file":
+        (tmp_path / "a-file").write_text("")
+        state = tmp_path / "a-file" / "state"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1] if problem == "port in use" else free_port()
+        args = ["--config", str(config), "--state", str(state), "--port", str(port)]
+        done = subprocess.run(
+            [*CLI, "queue", "serve", *args],
+            env={**os.environ, **TOKENS},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    expected = {
+        "port in use": f"port {port} on 127.0.0.1 is in use",
+        "state under a file": "cannot create the state directory",
+        "quotas too large": "nominal quotas add up to 3 GPUs but the cluster has 2",
+    }[problem]
+    assert expected in lines[0]
+    assert not (tmp_path / "state").exists()  # nothing was created
