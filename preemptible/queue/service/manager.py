@@ -418,7 +418,6 @@ class QueueManager:
         except QueueError as exc:
             record.launch_error = str(exc)
         else:
-            time.sleep(0.3)  # MUTATION
             record.handle = dataclasses.asdict(handle)
         self._save(record)
 
