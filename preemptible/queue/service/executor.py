@@ -287,6 +287,15 @@ def _exit_of(handle: ProcessHandle, state: _RunnerState, runner_returncode: int 
     return Exit(exit_code=None, signal=None, ended_at=None, how=how)
 
 
+def recorded_exit(status_path: Path) -> Exit | None:
+    """The exit an attempt's runner recorded at ``status_path``, or None if it wrote none.
+
+    For an attempt without a handle: a manager that died between a launch and saving its handle
+    finds, once restarted, either the runner still running or, if it has ended, this file.
+    """
+    return _read_status(status_path)
+
+
 def _read_status(path: Path) -> Exit | None:
     """The exit the runner recorded, or None if it wrote none (the rename makes it all or none)."""
     try:

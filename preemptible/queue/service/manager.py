@@ -45,6 +45,7 @@ from preemptible.queue.service.executor import (
     LaunchSpec,
     ProcessExecutor,
     ProcessHandle,
+    recorded_exit,
 )
 from preemptible.queue.service.metrics import DurationHistogram
 from preemptible.queue.service.records import JobRecord, Notice
@@ -590,9 +591,10 @@ class QueueManager:
                 self._readopt(record, now)
 
     def _readopt(self, record: JobRecord, now: float) -> None:
+        status_path = self._attempt_path(record.id, record.attempts, "status")
         handle = ProcessHandle(**record.handle) if record.handle else None
         if handle is None:
-            handle = _find_runner(self._attempt_path(record.id, record.attempts, "status"))
+            handle = _find_runner(status_path)
             if handle is not None:
                 record.handle = dataclasses.asdict(handle)
         if handle is not None and self.executor.alive(handle):
@@ -608,7 +610,10 @@ class QueueManager:
                 self.store.update_job(db, record.id, record.state, record.to_doc())
                 self._event(db, now, "recovered", record, "still running: adopted again")
             return
-        ended = self.executor.poll(handle) if handle is not None else None
+        # Without a handle and with no runner left, the launch was never made, or the manager
+        # died before saving its handle and the attempt has ended since: then its status file
+        # says how (else a job that had completed would run again).
+        ended = self.executor.poll(handle) if handle is not None else recorded_exit(status_path)
         running = RunningJob(job=record.core_job(), started_at=record.started_at or now)
         self.shell.adopt(running, now)
         self.free_gpus.difference_update(record.gpu_ids)

@@ -214,6 +214,33 @@ def test_a_restarted_manager_adopts_running_jobs_and_requeues_vanished_ones(tmp_
     until(again, lambda: state_of(again, alive.id) is JobState.CANCELLED)
 
 
+def test_a_restart_learns_the_exit_of_a_run_whose_launch_it_did_not_save(tmp_path, monkeypatch):
+    # The manager dies between launching a job and saving its handle; the job ends before the
+    # restart. Its runner is gone, but its status file says it completed: it must not run again.
+    state = tmp_path / "state"
+    m = manager(state)
+    job = submit(m, "a", "print('once')")
+    launched = []
+    launch = m.executor.launch
+    monkeypatch.setattr(
+        m.executor, "launch", lambda spec: launched.append(launch(spec)) or launched[-1]
+    )
+    monkeypatch.setattr(m, "_save", lambda record: None)  # the handle never reaches the file
+    m.step()
+    assert launched and m.store.load_jobs()[0][2]["handle"] is None
+    deadline = time.monotonic() + 20
+    while m.executor.alive(launched[0]):  # not stepped: the manager never sees the exit
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    m.store.close()
+    del m
+    again = manager(state)
+    done = again.get_job(job.id)
+    assert done.state is JobState.COMPLETED and done.attempts == 1
+    assert [e.kind for e in again.events(job_id=job.id)] == ["submitted", "admitted", "completed"]
+    assert again.log_path(job.id).read_text() == "once\n"
+
+
 def test_a_restarted_manager_keeps_the_fair_share_usage(tmp_path):
     state = tmp_path / "state"
     m = manager(state)
