@@ -9,8 +9,10 @@ is right when preemptions are roughly memoryless and ``C << M``; with checkpoint
 longer interval is fine.
 
 ``C`` is the measured p95 stall of this run's saves (the loop-blocking part: small for background
-saves). ``M`` comes from the queue manager's hint (``PREEMPTIBLE_MTBF_SECONDS``) or the value
-configured; until a save has been measured, the first checkpoint is taken after the first step.
+saves). ``M`` is ``PREEMPTIBLE_MTBF_SECONDS`` or the value configured; until a save has been
+measured, the first checkpoint is taken after the first step. Under the queue manager, its
+interval hint (the same rule, with ``M`` the preemption rate it observes in the job's queue)
+replaces the computation once it has answered a cost report.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class SaveSchedule:
     every_seconds: float | None = None
     auto: bool = False
     mtbf_seconds: float | None = None
+    hint_seconds: float | None = None
+    """The queue manager's interval for ``auto`` (it knows the queue's preemption rate)."""
 
     def __post_init__(self) -> None:
         if self.every_steps is not None and self.every_steps < 1:
@@ -67,6 +71,8 @@ class SaveSchedule:
     def interval_seconds(self, stall_p95: float | None) -> float | None:
         """Seconds between time-based saves (None: not time-based)."""
         if self.auto:
+            if self.hint_seconds is not None:
+                return self.hint_seconds
             return (
                 None if stall_p95 is None else young_daly_seconds(stall_p95, self.resolved_mtbf())
             )
@@ -77,7 +83,7 @@ class SaveSchedule:
     ) -> bool:
         if self.every_steps is not None and (step + 1) % self.every_steps == 0:
             return True
-        if self.auto and stall_p95 is None:
+        if self.auto and stall_p95 is None and self.hint_seconds is None:
             return True  # nothing measured yet: save once to learn C
         interval = self.interval_seconds(stall_p95)
         return interval is not None and now - last_save_at >= interval

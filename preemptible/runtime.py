@@ -7,6 +7,8 @@ consistent:
    user's ``register`` calls and seeding, so restored RNG states win), continue at ``step + 1``.
 2. After each step: agree with the other ranks (one small all-reduce) on "stop?" and "save?".
 3. On a notice: wait for a save in flight, save synchronously, report, exit ``128 + signum``.
+   Under the queue manager the notice may come from its notice endpoint before the signal,
+   and the job tells the manager it is exiting once the save has committed (`queue_link`).
 4. On periodic saves: save in the background (or not, ``async_save=False``).
 5. When the loop ends: a final save; the decorated function's result is returned.
 """
@@ -27,6 +29,7 @@ from preemptible.elastic import StepAgreement
 from preemptible.env import RunEnv, check_signal_setup
 from preemptible.errors import ConfigError, PreemptibleError
 from preemptible.interval import SaveSchedule
+from preemptible.queue_link import QueueLink, QueueNotice, Terms
 from preemptible.rng import RNGState
 from preemptible.signals import DEFAULT_SIGNALS, PreemptionGuard
 
@@ -54,6 +57,8 @@ class Context:
         storage_options: fsspec options for the checkpoint root.
         cost_file: where to write measured costs (default ``$PREEMPTIBLE_COST_FILE``).
         checkpointer: use this `Checkpointer` instead of building one.
+        queue_link: the link to the queue manager; default: the one its variables describe
+            (``$PREEMPTIBLE_QUEUE_URL``...), on rank 0 only, or none.
     """
 
     def __init__(
@@ -71,6 +76,7 @@ class Context:
         storage_options: dict[str, Any] | None = None,
         cost_file: str | os.PathLike[str] | None = None,
         checkpointer: Checkpointer | None = None,
+        queue_link: QueueLink | None = None,
     ):
         if interval not in (None, "auto"):
             raise ConfigError(f"interval must be None or 'auto', got {interval!r}")
@@ -88,6 +94,9 @@ class Context:
         self.async_save = async_save
         self.guard = PreemptionGuard(signals)
         self.run_env = RunEnv.from_env()
+        if queue_link is None and self.run_env.rank == 0:
+            queue_link = QueueLink.from_env(os.environ)
+        self.queue_link = queue_link
         self.resumed_from: int | None = None
         self.restore_seconds: float | None = None
         self.step: int | None = None
@@ -128,6 +137,12 @@ class Context:
     def cost(self) -> CheckpointCost:
         return self.checkpointer.cost
 
+    @property
+    def terms(self) -> Terms | None:
+        """What the queue manager granted for this job's measured cost: grace, minimum runtime,
+        interval hint (None without a manager, or before its first answer)."""
+        return self.queue_link.terms if self.queue_link is not None else None
+
     def save_now(self) -> None:
         """Save at the end of the current step (between steps: save the last completed one now)."""
         if self.step is not None and self._in_step:
@@ -158,6 +173,8 @@ class Context:
         self._started = True
         if not self.guard.installed:
             self.guard.install()
+        if self.queue_link is not None:
+            self.queue_link.start(on_notice=self._queue_notice, on_terms=self._queue_terms)
         started = time.perf_counter()
         restored = self.checkpointer.restore(self._state())
         # Ranks may disagree (one rank's shard was corrupt and it fell back): use the oldest.
@@ -175,6 +192,15 @@ class Context:
             self._last_saved_step = self.resumed_from
             log.info("resumed from step %d in %.2f s", self.resumed_from, self.restore_seconds)
         self._last_save_at = time.monotonic()
+
+    def _queue_notice(self, notice: QueueNotice) -> None:
+        """The manager's notice (from the watcher thread): stop at the next step boundary."""
+        self.guard.request(f"queue manager: {notice.reason}", deadline=notice.deadline)
+
+    def _queue_terms(self, terms: Terms) -> None:
+        """The manager's answer to a cost report (from the reporter thread)."""
+        self.guard.set_grace(terms.grace_s, "queue manager")
+        self.schedule.hint_seconds = terms.interval_hint_s
 
     def _at_boundary(self, step: int) -> None:
         if self._unreported is not None and self._unreported.done():
@@ -221,6 +247,8 @@ class Context:
         """Checkpoint the completed ``step`` and leave with the notice's exit code."""
         with self.guard.final_save():
             self._save_final(step)
+            if self.queue_link is not None:
+                self.queue_link.ack(step)  # committed: the GPUs may go on now
         code = self._exit_code if self._exit_code is not None else self.guard.exit_code()
         code = code or 128 + signal.SIGTERM  # a programmatic notice is a preemption too
         received = self.guard.received_at
@@ -235,6 +263,8 @@ class Context:
                 write_cost_file(self._cost_file, cost)
             except OSError as e:
                 log.warning("could not write the cost file %s: %r", self._cost_file, e)
+        if self.queue_link is not None and cost.save.count:
+            self.queue_link.report(cost)  # not before a save is measured: 0 s would be a lie
         if not self._warned_setup:
             self._warned_setup = True
             grace = self.guard.grace_seconds
@@ -242,12 +272,14 @@ class Context:
                 log.warning(warning)
 
     def close(self) -> None:
-        """Wait for a save in flight and remove the signal handlers."""
+        """Wait for a save in flight, remove the signal handlers, stop talking to the manager."""
         try:
             self.checkpointer.wait()
         finally:
             if self.guard.installed:
                 self.guard.uninstall()
+            if self.queue_link is not None:
+                self.queue_link.close()
 
     def __enter__(self) -> Context:
         return self

@@ -56,6 +56,8 @@ class Notice(NamedTuple):
     """Wall-clock time of arrival, from the guard's clock."""
     reason: str
     """The signal's name, or the reason passed to :meth:`PreemptionGuard.request`."""
+    deadline: float | None = None
+    """When the sender will kill the process, if it said (the queue manager's notice does)."""
 
 
 class _SignalSafeEvent:
@@ -206,13 +208,22 @@ class PreemptionGuard:
         if callable(previous) and previous is not signal.default_int_handler:
             previous(signum, frame)
 
-    def request(self, reason: str = "api") -> None:
-        """Record a programmatic notice (e.g. from the queue manager's notice endpoint).
+    def request(self, reason: str = "api", *, deadline: float | None = None) -> None:
+        """Record a programmatic notice (e.g. from the queue manager's notice endpoint), with
+        the sender's deadline when it gave one.
 
         Safe to call from any thread, and works whether or not the guard is installed.
         """
-        self._notices.append(Notice(None, self._clock(), reason))
+        self._notices.append(Notice(None, self._clock(), reason, deadline))
         self._event.set()
+
+    def set_grace(self, seconds: float, source: str) -> None:
+        """A grace better informed than the environment's (the one the queue manager
+        negotiated) replaces it; a grace given to the constructor still wins."""
+        if not (0 <= seconds < float("inf")):
+            raise ConfigError(f"grace seconds must be a finite number >= 0, got {seconds!r}")
+        if self._explicit_grace is None:
+            self._grace = Grace(seconds=seconds, source=source)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until a notice arrives or ``timeout`` seconds pass; True if one has arrived."""
@@ -266,7 +277,8 @@ class PreemptionGuard:
     def deadline(self) -> float | None:
         """When the process will be killed: the first notice plus the grace period.
 
-        Capped by a known end of the job (SLURM EndTime). None before a notice or when unknown.
+        Capped by a known end of the job (SLURM EndTime) and by any deadline a notice named.
+        None before a notice or when unknown.
         """
         received_at = self.received_at
         if received_at is None:
@@ -275,6 +287,7 @@ class PreemptionGuard:
         candidates = [received_at + grace.seconds] if grace.seconds is not None else []
         if grace.not_after is not None:
             candidates.append(grace.not_after)
+        candidates += [n.deadline for n in self._notices if n.deadline is not None]
         return min(candidates) if candidates else None
 
     def remaining(self) -> float | None:

@@ -37,7 +37,11 @@ from preemptible.queue.core import (
 )
 from preemptible.queue.core.fair_share import dominant_share, fair_share_value, weight_fractions
 from preemptible.queue.core.model import Admit
-from preemptible.queue.core.negotiation import grace_seconds, negotiate
+from preemptible.queue.core.negotiation import (
+    grace_seconds,
+    interval_hint_seconds,
+    negotiate,
+)
 from preemptible.queue.service import signals
 from preemptible.queue.service.executor import (
     Exit,
@@ -304,7 +308,11 @@ class QueueManager:
     # --- what jobs tell the manager -----------------------------------------------------------
 
     def report_cost(self, job_id: str, cost: CostView) -> NegotiationView:
-        """A job's measured cost: the answer is its grace, minimum runtime and interval hint."""
+        """A job's measured cost: the answer is its grace, minimum runtime and interval hint.
+
+        The report's last checkpoint counts as one (less work at stake), never as the ack of a
+        notice: only `checkpointed` says the job is exiting.
+        """
         with self.changed:
             now = self.clock()
             record = self._get(job_id)
@@ -312,48 +320,77 @@ class QueueManager:
                 raise JobStateError(f"job {job_id} has {record.state}; it reports nothing more")
             record.cost = {k: v for k, v in dataclasses.asdict(cost).items() if v is not None}
             record.cost.pop("observed_exit_seconds", None)
+            save = float(record.cost.get("save_seconds_p95") or 0.0)
             answer = negotiate(
-                float(record.cost.get("save_seconds_p95") or 0.0),
+                save,
                 float(record.cost.get("restore_seconds") or 0.0),
                 self.config.preemption,
-                mean_time_between_preemptions_s=self._mtbp(record.queue, now),
                 observed_exit_s=record.observed_exit_s,
+            )
+            # The interval hint weighs what a checkpoint costs the loop: the stall, when the
+            # job saves in the background, else the whole save.
+            stall = float(record.cost.get("stall_seconds_p95") or 0.0) or save
+            hint = interval_hint_seconds(stall, self._mtbp(record.queue, now))
+            changed = (answer.grace_s, answer.min_runtime_s) != (
+                record.grace_s,
+                record.min_runtime_s,
             )
             record.grace_s = answer.grace_s
             record.min_runtime_s = answer.min_runtime_s
-            record.interval_hint_s = answer.checkpoint_interval_hint_s
+            record.interval_hint_s = hint
+            if cost.last_checkpoint_time is not None and record.state in RUNNING_STATES:
+                self._note_checkpoint(record, cost.last_checkpoint_step, cost.last_checkpoint_time)
             st = self.shell.state
             if job_id in st.pending or job_id in st.running:
                 st.refresh(record.core_job())
-            self._save(record)
+            with self.store.transaction() as db:
+                self.store.update_job(db, job_id, record.state, record.to_doc())
+                if changed:
+                    why = f"grace {answer.grace_s:g} s, minimum runtime {answer.min_runtime_s:g} s"
+                    data = {
+                        "grace_s": answer.grace_s,
+                        "min_runtime_s": answer.min_runtime_s,
+                        "save_s": save,
+                        "interval_hint_s": hint,
+                    }
+                    self._event(db, now, "negotiated", record, why, data)
             self._dirty = True
             return NegotiationView(
                 grace_s=answer.grace_s,
                 min_runtime_s=answer.min_runtime_s,
-                checkpoint_interval_hint_s=answer.checkpoint_interval_hint_s,
+                checkpoint_interval_hint_s=hint,
             )
 
     def checkpointed(self, job_id: str, *, step: int, at: float | None) -> None:
-        """A job committed a checkpoint; after a notice, it is exiting with nothing to save."""
+        """A job committed a checkpoint; one committed after its notice was sent is the ack:
+        the job is exiting with nothing left to save."""
         with self.changed:
             now = self.clock()
             record = self._get(job_id)
             if record.state not in RUNNING_STATES:
                 raise JobStateError(f"job {job_id} is {record.state}, not running")
-            when = now if at is None else min(float(at), now)
-            record.last_checkpoint_at = when
-            record.last_checkpoint_step = step
-            if job_id in self.shell.state.running:
-                self.shell.state.checkpointed(job_id, when)
-            kind = "checkpointed"
-            if record.notice is not None and record.notice.acked_at is None:
-                record.notice.acked_at = now
-                kind = "acked"
+            when = self._note_checkpoint(record, step, now if at is None else at)
+            notice = record.notice
+            acked = notice is not None and notice.acked_at is None and when >= notice.sent_at
+            if acked:
+                assert notice is not None
+                notice.acked_at = now
             with self.store.transaction() as db:
                 self.store.update_job(db, job_id, record.state, record.to_doc())
-                reason = "saved after the notice: exiting" if kind == "acked" else "saved"
+                reason = "saved after the notice: exiting" if acked else "saved"
                 self._event(db, now, "checkpointed", record, reason, {"step": step})
             self.changed.notify_all()
+
+    def _note_checkpoint(self, record: JobRecord, step: int | None, at: float) -> float:
+        """The job's newest committed checkpoint (never in the future); when it was."""
+        when = min(float(at), self.clock())
+        if record.last_checkpoint_at is not None and when < record.last_checkpoint_at:
+            return when  # an older report arriving late
+        record.last_checkpoint_at = when
+        record.last_checkpoint_step = step
+        if record.id in self.shell.state.running:
+            self.shell.state.checkpointed(record.id, when)
+        return when
 
     def wait_notice(self, job_id: str, wait_s: float) -> NoticeView | None:
         """The job's notice, waiting up to `wait_s` for one (a long poll)."""

@@ -166,6 +166,40 @@ def test_checkpointed_after_a_notice_hands_the_gpus_on_before_the_grace(tmp_path
     assert any(e.kind == "checkpointed" for e in m.events(job_id=low.id))
 
 
+def test_a_checkpoint_committed_before_the_notice_is_not_the_ack(tmp_path):
+    m = manager(tmp_path / "state")
+    job = submit(m, "a", STUBBORN)
+    running(m, job.id)
+    before = time.time()
+    m.cancel(job.id)  # a notice
+    m.checkpointed(job.id, step=3, at=before - 1)  # a periodic save, reported late
+    assert m.jobs[job.id].notice.acked_at is None
+    m.checkpointed(job.id, step=4, at=None)  # the notice save
+    assert m.jobs[job.id].notice.acked_at is not None
+    reasons = [e.reason for e in m.events(job_id=job.id) if e.kind == "checkpointed"]
+    assert reasons == ["saved", "saved after the notice: exiting"]
+    until(m, lambda: state_of(m, job.id) is JobState.CANCELLED)
+
+
+def test_a_cost_report_logs_new_terms_once_and_counts_its_checkpoint(tmp_path):
+    m = manager(tmp_path / "state")
+    job = submit(m, "a", SAVER, cwd=tmp_path)
+    running(m, job.id)
+    saved_at = time.time() - 5
+    report = CostView(save_seconds_p95=1.0, last_checkpoint_step=9, last_checkpoint_time=saved_at)
+    answer = m.report_cost(job.id, report)
+    m.report_cost(job.id, report)  # the same terms: no second event
+    negotiated = [e for e in m.events(job_id=job.id) if e.kind == "negotiated"]
+    assert len(negotiated) == 1 and negotiated[0].data["grace_s"] == answer.grace_s
+    assert m.jobs[job.id].last_checkpoint_at == saved_at
+    assert m.shell.state.running[job.id].last_checkpoint_at == saved_at
+    assert not any(e.kind == "checkpointed" for e in m.events(job_id=job.id))  # not an ack
+    m.report_cost(job.id, CostView(save_seconds_p95=2.5))  # slower saves: a longer grace
+    assert len([e for e in m.events(job_id=job.id) if e.kind == "negotiated"]) == 2
+    m.cancel(job.id)
+    until(m, lambda: state_of(m, job.id) is JobState.CANCELLED)
+
+
 def test_notice_long_poll_returns_the_notice_with_its_deadline(tmp_path):
     m = manager(tmp_path / "state")
     low = submit(m, "b", SAVER, gpus=2, tier="low", cwd=tmp_path)

@@ -1,0 +1,292 @@
+"""The job's link to the queue manager, against a real HTTP server that misbehaves on demand.
+
+The server is `http.server` on a loopback port: each test says what it answers (the manager's
+real shapes, garbage, errors, silence), and the link must never raise, never slow the caller,
+log a failure once, and keep its last good terms.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import torch
+
+from preemptible import Checkpointer, Context
+from preemptible.checkpoint.stats import CostTracker
+from preemptible.queue_link import QueueLink, QueueNotice, Terms
+
+TOKEN = "job-secret-token"
+TERMS = {"grace_s": 40.0, "min_runtime_s": 300.0, "checkpoint_interval_hint_s": 900.0}
+Answer = Callable[[str, str, Any], tuple[int, bytes]]
+
+
+class Manager:
+    """What the fake manager answers, and what it was asked."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, Any, str]] = []
+        self.answer: Answer = lambda method, path, body: (200, json.dumps(TERMS).encode())
+        self.notice: dict[str, Any] | None = None
+        self.notice_set = threading.Event()
+        self.stall = threading.Event()  # set: the server never answers until cleared
+
+
+@pytest.fixture
+def manager() -> Iterator[tuple[Manager, str]]:
+    state = Manager()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _serve(self, method: str) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            body = json.loads(raw) if raw else None
+            state.requests.append((method, self.path, body, self.headers["Authorization"]))
+            while state.stall.is_set():
+                time.sleep(0.02)
+            if self.path.split("?")[0].endswith("/notice"):
+                state.notice_set.wait(timeout=1.0)
+                status, payload = 200, json.dumps({"notice": state.notice}).encode()
+            else:
+                status, payload = state.answer(method, self.path, body)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def do_GET(self) -> None:
+            self._serve("GET")
+
+        def do_POST(self) -> None:
+            self._serve("POST")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield state, f"http://127.0.0.1:{server.server_address[1]}"
+    state.stall.clear()
+    state.notice_set.set()
+    server.shutdown()
+    server.server_close()
+
+
+def cost(save_s: float = 2.0, step: int = 10):
+    tracker = CostTracker()
+    tracker.record_stall(0.1)
+    tracker.record_save(step=step, persist_seconds=save_s, nbytes=1000, at=time.time())
+    return tracker.snapshot()
+
+
+def until(check: Callable[[], Any], timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError("not reached")
+
+
+def link_to(url: str, **options: Any) -> QueueLink:
+    options.setdefault("min_interval_s", 0.0)
+    return QueueLink(url, "j7", TOKEN, **options)
+
+
+def test_without_the_managers_variables_there_is_no_link(caplog) -> None:
+    assert QueueLink.from_env({}) is None
+    with caplog.at_level(logging.WARNING, "preemptible"):
+        assert QueueLink.from_env({"PREEMPTIBLE_QUEUE_URL": "http://127.0.0.1:1"}) is None
+    assert "PREEMPTIBLE_JOB_ID and PREEMPTIBLE_TOKEN" in caplog.text
+    env = {
+        "PREEMPTIBLE_QUEUE_URL": "http://127.0.0.1:1",
+        "PREEMPTIBLE_JOB_ID": "j1",
+        "PREEMPTIBLE_TOKEN": "t",
+    }
+    link = QueueLink.from_env(env)
+    assert link is not None and link.job_id == "j1"
+    link.close()
+
+
+def test_a_report_is_answered_with_terms_and_carries_the_measured_cost(manager) -> None:
+    state, url = manager
+    got: list[Terms] = []
+    link = link_to(url)
+    link.start(on_notice=lambda n: None, on_terms=got.append)
+    link.report(cost(save_s=2.5, step=12))
+    until(lambda: got)
+    assert got[0] == Terms(grace_s=40.0, min_runtime_s=300.0, interval_hint_s=900.0)
+    assert link.terms == got[0]
+    method, path, body, auth = next(r for r in state.requests if r[1].endswith("/cost"))
+    assert (method, path, auth) == ("POST", "/v1/jobs/j7/cost", f"Bearer {TOKEN}")
+    assert body["save_seconds_p95"] == 2.5 and body["last_checkpoint_step"] == 12
+    link.close()
+
+
+def test_reports_are_rate_limited_and_the_newest_one_is_sent(manager) -> None:
+    state, url = manager
+    link = link_to(url, min_interval_s=0.5)
+    link.start(on_notice=lambda n: None)
+    for step in range(1, 6):
+        link.report(cost(step=step))
+    until(lambda: link.terms)
+    time.sleep(0.8)
+    steps = [r[2]["last_checkpoint_step"] for r in state.requests if r[1].endswith("/cost")]
+    assert steps[-1] == 5 and len(steps) <= 2  # the first report, perhaps, then the newest
+    link.close()
+
+
+def test_a_notice_reaches_the_job_with_its_deadline(manager) -> None:
+    state, url = manager
+    notices: list[QueueNotice] = []
+    link = link_to(url)
+    link.start(on_notice=notices.append)
+    time.sleep(0.1)
+    assert notices == []
+    state.notice = {"reason": "reclaimed for j9", "grace_s": 30.0, "deadline": 1234.5}
+    state.notice_set.set()
+    until(lambda: notices)
+    assert notices == [QueueNotice(reason="reclaimed for j9", grace_s=30.0, deadline=1234.5)]
+    path = next(r[1] for r in state.requests if "/notice" in r[1])
+    assert path.startswith("/v1/jobs/j7/notice?wait=")
+    link.close()
+
+
+def test_the_ack_posts_the_committed_step(manager) -> None:
+    state, url = manager
+    link = link_to(url)
+    assert link.ack(41, at=99.0) is True
+    assert state.requests[-1][:3] == ("POST", "/v1/jobs/j7/checkpointed", {"step": 41, "at": 99.0})
+    link.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda m, p, b: (500, b'{"error": {"code": "internal", "message": "boom"}}'),
+        lambda m, p, b: (200, b"<html>not json</html>"),
+        lambda m, p, b: (200, b'{"grace_s": "long"}'),
+        lambda m, p, b: (200, b"[1, 2, 3]"),
+        lambda m, p, b: (200, b'{"grace_s": -5, "min_runtime_s": 1}'),
+    ],
+    ids=["500", "html", "wrong-type", "not-an-object", "negative"],
+)
+def test_garbage_keeps_the_last_terms_and_is_logged_once(manager, caplog, answer) -> None:
+    state, url = manager
+    link = link_to(url)
+    link.start(on_notice=lambda n: None)
+    link.report(cost())
+    good = until(lambda: link.terms)
+    state.answer = answer
+    with caplog.at_level(logging.INFO, "preemptible"):
+        for _ in range(3):
+            link.report(cost())
+            time.sleep(0.05)
+        until(lambda: sum(r[1].endswith("/cost") for r in state.requests) >= 2)
+        time.sleep(0.2)
+        assert link.terms == good
+        warnings = [r for r in caplog.records if "cost report failed" in r.getMessage()]
+        assert len(warnings) == 1
+        state.answer = lambda m, p, b: (200, json.dumps({**TERMS, "grace_s": 77.0}).encode())
+        until(lambda: link.terms and link.terms.grace_s == 77.0, timeout=15)  # after back-off
+    assert "works again" in caplog.text
+    assert TOKEN not in caplog.text
+    link.close()
+
+
+def test_a_silent_manager_never_slows_the_caller(manager) -> None:
+    state, url = manager
+    state.stall.set()
+    link = link_to(url, timeout_s=0.5)
+    link.start(on_notice=lambda n: None)
+    started = time.perf_counter()
+    for _ in range(100):
+        link.report(cost())
+    assert time.perf_counter() - started < 0.1  # queued, never sent on the caller's thread
+    started = time.perf_counter()
+    assert link.ack(3) is False  # the one synchronous call: bounded by its timeout
+    assert time.perf_counter() - started < 2.0
+    started = time.perf_counter()
+    link.close()
+    assert time.perf_counter() - started < 2.0
+
+
+def test_a_manager_that_is_down_is_survived(caplog) -> None:
+    link = link_to("http://127.0.0.1:9")  # nothing listens on the discard port
+    notices: list[QueueNotice] = []
+    with caplog.at_level(logging.WARNING, "preemptible"):
+        link.start(on_notice=notices.append)
+        link.report(cost())
+        assert link.ack(1) is False
+        until(lambda: "notice watch failed" in caplog.text)
+    assert link.terms is None and notices == []
+    link.close()
+
+
+# --- the link inside a training loop (Context) -------------------------------------------------
+
+
+def train_with(
+    link: QueueLink,
+    root,
+    *,
+    total: int,
+    notice_at: Callable[[Context, int], None] | None = None,
+    **options: Any,
+) -> tuple[Context, list[int]]:
+    """A small loop under `Context`; `notice_at(ctx, step)` runs inside each step."""
+    seen: list[int] = []
+    ctx = Context(root, queue_link=link, **options)
+    model = torch.nn.Linear(3, 1)
+    ctx.register(model=model)
+    try:
+        for step in ctx.steps(total):
+            seen.append(step)
+            if notice_at is not None:
+                notice_at(ctx, step)
+            time.sleep(0.01)
+    finally:
+        ctx.close()
+    return ctx, seen
+
+
+def test_a_managers_notice_stops_the_loop_saves_and_acks_the_step(manager, tmp_path) -> None:
+    state, url = manager
+    deadline = time.time() + 60
+
+    def notice_at(ctx: Context, step: int) -> None:
+        if step == 2:
+            state.notice = {"reason": "reclaimed", "grace_s": 60.0, "deadline": deadline}
+            state.notice_set.set()
+            until(lambda: ctx.guard.requested)  # the watcher's poll returns with it
+            assert ctx.guard.deadline == deadline
+            assert ctx.guard.reason == "queue manager: reclaimed"
+
+    with pytest.raises(SystemExit) as exit_:
+        train_with(link_to(url), tmp_path, total=100, every_steps=1, notice_at=notice_at)
+    assert exit_.value.code == 143
+    saved = Checkpointer(tmp_path).latest().step
+    assert saved == 2  # the boundary of the step in which the notice came
+    acks = [r for r in state.requests if r[1].endswith("/checkpointed")]
+    assert [r[2]["step"] for r in acks] == [saved]
+
+
+def test_terms_become_the_guards_grace_and_the_auto_interval(manager, tmp_path) -> None:
+    state, url = manager
+    ctx, seen = train_with(link_to(url), tmp_path, total=30, interval="auto", async_save=False)
+    assert seen == list(range(30))
+    until(lambda: ctx.terms is not None)
+    assert ctx.guard.grace_seconds == 40.0 and ctx.guard.grace_source == "queue manager"
+    assert ctx.schedule.hint_seconds == 900.0  # 15 min: no more saves after the first
+    reports = [r[2] for r in state.requests if r[1].endswith("/cost")]
+    assert reports and all(r["save_seconds_p95"] > 0 for r in reports)  # only measured costs
+    assert [i.step for i in Checkpointer(tmp_path).list()][-1] == 29
