@@ -511,6 +511,9 @@ class QueueManager:
             self._event(db, now, "notice", record, reason, {"grace_s": grace_s, "for": for_job})
         if record.handle is not None:
             self.executor.terminate(ProcessHandle(**record.handle))
+            # Stored once sent: a manager that dies before this line sends it again at restart.
+            record.notice.signalled_at = now
+            self._save(record)
         self.changed.notify_all()
 
     def _poll_runs(self, now: float) -> None:
@@ -643,9 +646,18 @@ class QueueManager:
                 terminating=record.state == JobState.PREEMPTING.value,
             )
             self.shell.adopt(running, now)
+            why = "still running: adopted again"
+            notice = record.notice
+            if notice is not None and notice.signalled_at is None and notice.killed_at is None:
+                # The manager died between storing the notice and sending it: without this the
+                # job would get SIGKILL at the deadline, never having been told to save.
+                self.executor.terminate(handle)
+                notice.signalled_at = now
+                notice.deadline = max(notice.deadline, now + notice.grace_s)
+                why += "; its notice, never sent, sent now with its whole grace"
             with self.store.transaction() as db:
                 self.store.update_job(db, record.id, record.state, record.to_doc())
-                self._event(db, now, "recovered", record, "still running: adopted again")
+                self._event(db, now, "recovered", record, why)
             return
         # Without a handle and with no runner left, the launch was never made, or the manager
         # died before saving its handle and the attempt has ended since: then its status file

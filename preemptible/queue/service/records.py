@@ -23,6 +23,8 @@ class Notice:
     """The job the capacity is freed for (None when the job is cancelled)."""
     acked_at: float | None = None
     """When the job said it had saved and is exiting (`checkpointed` after the notice)."""
+    signalled_at: float | None = None
+    """When SIGTERM was sent; None while only decided (a restarted manager then sends it)."""
     killed_at: float | None = None
     """When the manager sent SIGKILL (the deadline passed, or the ack's exit window)."""
 

@@ -275,6 +275,34 @@ def test_a_restart_learns_the_exit_of_a_run_whose_launch_it_did_not_save(tmp_pat
     assert again.log_path(job.id).read_text() == "once\n"
 
 
+def test_a_notice_stored_but_not_sent_before_a_crash_is_sent_at_restart(tmp_path, monkeypatch):
+    # The manager dies between storing a notice and sending SIGTERM: once restarted, it must
+    # send it (with the whole grace), not SIGKILL at the deadline a job that was never told.
+    class Died(Exception):
+        pass
+
+    def die(handle):
+        raise Died
+
+    state = tmp_path / "state"
+    m = manager(state)
+    low = submit(m, "b", SAVER, gpus=2, tier="low", cwd=tmp_path)
+    running(m, low.id)
+    submit(m, "a", "print('hi')", tier="high")
+    monkeypatch.setattr(m.executor, "terminate", die)
+    with pytest.raises(Died):
+        until(m, lambda: False)
+    assert state_of(m, low.id) is JobState.PREEMPTING
+    m.store.close()
+    del m
+    again = manager(state)
+    back = until(again, lambda: [e for e in again.events(job_id=low.id) if e.kind == "requeued"])
+    assert back[0].data["killed"] is False  # it left on its SIGTERM
+    assert (tmp_path / "saved").exists()
+    recovered = [e for e in again.events(job_id=low.id) if e.kind == "recovered"]
+    assert "notice, never sent, sent now" in recovered[0].reason
+
+
 def test_a_restarted_manager_keeps_the_fair_share_usage(tmp_path):
     state = tmp_path / "state"
     m = manager(state)
