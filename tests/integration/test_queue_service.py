@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import httpx
 import pytest
+
+from .queue_server import CLI, Server, free_port, ready, wait_for
+from .queue_server import submit as submit_command
 
 CONFIG = """
 [cluster]
@@ -42,7 +42,6 @@ TOKENS = {
     "TEST_A_TOKEN": "a-secret",
     "TEST_B_TOKEN": "b-secret",
 }
-CLI = [sys.executable, "-m", "preemptible"]
 # Saves on SIGTERM (a file stands for the checkpoint), then exits 143.
 SAVER = (
     "import signal, sys, time, pathlib\n"
@@ -54,100 +53,16 @@ SAVER = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """One `preemptible queue serve` process on a state directory."""
-
-    def __init__(self, tmp: Path, port: int):
-        self.tmp, self.port = tmp, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        config = self.tmp / "queue.toml"
-        config.write_text(CONFIG)
-        log = open(self.tmp / "server.log", "ab")  # noqa: SIM115 - closed with the process
-        self.proc = subprocess.Popen(
-            [
-                *CLI,
-                "queue",
-                "serve",
-                "--config",
-                str(config),
-                "--state",
-                str(self.tmp / "state"),
-                "--port",
-                str(self.port),
-            ],
-            env={**os.environ, **TOKENS},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            assert self.proc.poll() is None, (self.tmp / "server.log").read_text()
-            time.sleep(0.1)
-        raise AssertionError("the server did not answer within 30 s")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(15)
-
-    def client(self, token: str) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=10
-        )
-
-
 @pytest.fixture
 def server(tmp_path):
-    s = Server(tmp_path, free_port())
+    s = Server(tmp_path, CONFIG, TOKENS)
     s.start()
     yield s
     s.stop()
 
 
-def wait_for(client: httpx.Client, job_id: str, states: set[str], timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["state"] in states:
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"{job_id} never reached {states}: {job}")
-
-
-def ready(client: httpx.Client, job_id: str, timeout: float = 30) -> None:
-    """Wait until the job runs and has installed its SIGTERM handler (it prints 'ready')."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if "ready" in client.get(f"/v1/jobs/{job_id}/logs").json()["text"]:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{job_id} never said it was ready")
-
-
 def submit(client: httpx.Client, queue: str, code: str, *args: str, **fields) -> dict:
-    body = {"queue": queue, "command": [sys.executable, "-c", code, *args], **fields}
-    r = client.post("/v1/jobs", json=body)
-    assert r.status_code == 201, r.text
-    return r.json()
+    return submit_command(client, queue, [sys.executable, "-c", code, *args], **fields)
 
 
 def test_a_team_runs_a_job_and_another_team_cannot_touch_it(server, tmp_path):
@@ -160,7 +75,7 @@ def test_a_team_runs_a_job_and_another_team_cannot_touch_it(server, tmp_path):
         assert b.post("/v1/jobs", json={"queue": "a", "command": ["true"]}).status_code == 403
         logs = a.get(f"/v1/jobs/{job['id']}/logs").json()
         assert logs["text"].strip() == "hello"
-    assert "a-secret" not in (tmp_path / "server.log").read_text()
+    assert "a-secret" not in server.log()
 
 
 def test_a_borrower_is_preempted_for_the_lending_queue_and_comes_back(server, tmp_path):

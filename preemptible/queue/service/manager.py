@@ -320,46 +320,52 @@ class QueueManager:
                 raise JobStateError(f"job {job_id} has {record.state}; it reports nothing more")
             record.cost = {k: v for k, v in dataclasses.asdict(cost).items() if v is not None}
             record.cost.pop("observed_exit_seconds", None)
-            save = float(record.cost.get("save_seconds_p95") or 0.0)
-            answer = negotiate(
-                save,
-                float(record.cost.get("restore_seconds") or 0.0),
-                self.config.preemption,
-                observed_exit_s=record.observed_exit_s,
-            )
-            # The interval hint weighs what a checkpoint costs the loop: the stall, when the
-            # job saves in the background, else the whole save.
-            stall = float(record.cost.get("stall_seconds_p95") or 0.0) or save
-            hint = interval_hint_seconds(stall, self._mtbp(record.queue, now))
-            changed = (answer.grace_s, answer.min_runtime_s) != (
-                record.grace_s,
-                record.min_runtime_s,
-            )
-            record.grace_s = answer.grace_s
-            record.min_runtime_s = answer.min_runtime_s
-            record.interval_hint_s = hint
             if cost.last_checkpoint_time is not None and record.state in RUNNING_STATES:
                 self._note_checkpoint(record, cost.last_checkpoint_step, cost.last_checkpoint_time)
             st = self.shell.state
             if job_id in st.pending or job_id in st.running:
                 st.refresh(record.core_job())
             with self.store.transaction() as db:
+                answer = self._negotiate(db, record, now)
                 self.store.update_job(db, job_id, record.state, record.to_doc())
-                if changed:
-                    why = f"grace {answer.grace_s:g} s, minimum runtime {answer.min_runtime_s:g} s"
-                    data = {
-                        "grace_s": answer.grace_s,
-                        "min_runtime_s": answer.min_runtime_s,
-                        "save_s": save,
-                        "interval_hint_s": hint,
-                    }
-                    self._event(db, now, "negotiated", record, why, data)
             self._dirty = True
-            return NegotiationView(
-                grace_s=answer.grace_s,
-                min_runtime_s=answer.min_runtime_s,
-                checkpoint_interval_hint_s=hint,
-            )
+            return answer
+
+    def _negotiate(self, db: Any, record: JobRecord, now: float) -> NegotiationView:
+        """The job's terms from its claimed cost and its observed exit, stored in `record`;
+        a 'negotiated' event when its grace or minimum runtime change."""
+        save = float(record.cost.get("save_seconds_p95") or 0.0)
+        answer = negotiate(
+            save,
+            float(record.cost.get("restore_seconds") or 0.0),
+            self.config.preemption,
+            observed_exit_s=record.observed_exit_s,
+        )
+        # The interval hint weighs what a checkpoint costs the loop: the stall, when the job
+        # saves in the background, else the whole save.
+        stall = float(record.cost.get("stall_seconds_p95") or 0.0) or save
+        hint = interval_hint_seconds(stall, self._mtbp(record.queue, now))
+        terms = (answer.grace_s, answer.min_runtime_s)
+        changed = terms != (record.grace_s, record.min_runtime_s)
+        record.grace_s, record.min_runtime_s = terms
+        record.interval_hint_s = hint
+        if changed:
+            why = f"grace {answer.grace_s:g} s, minimum runtime {answer.min_runtime_s:g} s"
+            if record.observed_exit_s is not None:
+                why += f" (it took {record.observed_exit_s:.3g} s to exit when told)"
+            data = {
+                "grace_s": answer.grace_s,
+                "min_runtime_s": answer.min_runtime_s,
+                "save_s": save,
+                "observed_exit_s": record.observed_exit_s,
+                "interval_hint_s": hint,
+            }
+            self._event(db, now, "negotiated", record, why, data)
+        return NegotiationView(
+            grace_s=answer.grace_s,
+            min_runtime_s=answer.min_runtime_s,
+            checkpoint_interval_hint_s=hint,
+        )
 
     def checkpointed(self, job_id: str, *, step: int, at: float | None) -> None:
         """A job committed a checkpoint; one committed after its notice was sent is the ack:
@@ -581,8 +587,9 @@ class QueueManager:
         record.pending_since = now
         record.reason = f"requeued: {notice.reason}"
         with self.store.transaction() as db:
-            self.store.update_job(db, record.id, record.state, record.to_doc())
             self._event(db, now, "requeued", record, notice.reason, data)
+            self._negotiate(db, record, now)  # its exit is a measurement: the grace follows it
+            self.store.update_job(db, record.id, record.state, record.to_doc())
         self.shell.submit(record.core_job())
 
     @staticmethod

@@ -10,13 +10,20 @@ import errno
 import logging
 import os
 import socket
+import threading
 from pathlib import Path
+from types import FrameType
+
+import uvicorn
 
 from preemptible.errors import ConfigError
 from preemptible.queue.core import QueueConfig, parse_config_text
 from preemptible.queue.service.executor import ProcessExecutor
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.store import Store
+
+SHUTDOWN_GRACE_S = 10
+"""On SIGTERM or SIGINT, requests in flight get this long to finish."""
 
 
 def load_config(path: Path) -> QueueConfig:
@@ -66,8 +73,6 @@ def build_manager(
 
 def run_server(config_path: Path, state_dir: Path, host: str, port: int) -> None:
     """Serve until interrupted. Raises PreemptibleError (one line to show) for bad set-ups."""
-    import uvicorn
-
     from preemptible.queue.service.api import create_app
 
     config = load_config(config_path)
@@ -76,9 +81,34 @@ def run_server(config_path: Path, state_dir: Path, host: str, port: int) -> None
     manager = build_manager(config, Path(state_dir), url=url)
     app = create_app(manager)
     logging.basicConfig(level=os.environ.get("PREEMPTIBLE_LOG_LEVEL", "INFO"))
+    server = _StoppingServer(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        ),
+        manager,
+    )
     manager.start()
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+        server.run()
     finally:
         manager.stop()
         manager.store.close()
+
+
+class _StoppingServer(uvicorn.Server):
+    """Stops the manager as soon as a shutdown begins, so that its notice long-polls answer at
+    once: uvicorn waits for the requests in flight, and a poll may wait a minute."""
+
+    def __init__(self, config: uvicorn.Config, manager: QueueManager):
+        super().__init__(config)
+        self.manager = manager
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # A signal handler: take no lock here; the manager stops in a thread of its own.
+        threading.Thread(target=self.manager.stop, name="queue-stop", daemon=True).start()
+        super().handle_exit(sig, frame)
