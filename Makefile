@@ -8,7 +8,7 @@ TORCH   ?= torch==2.13.0
 # Packages held to mypy --strict (`make typecheck`); settings in pyproject.toml [tool.mypy].
 TYPED   ?= preemptible/checkpoint preemptible/queue preemptible/cli/queue.py
 
-.PHONY: venv test test-fast lint format typecheck demo bench clean
+.PHONY: venv test test-fast lint format typecheck demo demo-checkpoint bench clean
 
 venv: $(STAMP)
 
@@ -38,7 +38,12 @@ test: venv
 test-fast: venv
 	$(VENV)/bin/pytest -q -x tests/unit
 
+# The queue manager on four virtual GPUs: a borrower reclaimed, handed on, resumed bit-exactly.
 demo: venv
+	$(PY) examples/queue_demo.py
+
+# The checkpoint store: a save torn by SIGKILL, a flipped bit, and the recovery from both.
+demo-checkpoint: venv
 	$(PY) examples/checkpoint_demo.py
 
 bench: venv
