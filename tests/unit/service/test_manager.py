@@ -301,6 +301,8 @@ def test_a_notice_stored_but_not_sent_before_a_crash_is_sent_at_restart(tmp_path
     assert (tmp_path / "saved").exists()
     recovered = [e for e in again.events(job_id=low.id) if e.kind == "recovered"]
     assert "notice, never sent, sent now" in recovered[0].reason
+    again.cancel(low.id)  # it was requeued: leave no job running
+    until(again, lambda: state_of(again, low.id) is JobState.CANCELLED)
 
 
 def test_a_restarted_manager_keeps_the_fair_share_usage(tmp_path):
