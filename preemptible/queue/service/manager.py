@@ -345,9 +345,13 @@ class QueueManager:
         # saves in the background, else the whole save.
         stall = float(record.cost.get("stall_seconds_p95") or 0.0) or save
         hint = interval_hint_seconds(stall, self._mtbp(record.queue, now))
-        terms = (answer.grace_s, answer.min_runtime_s)
-        changed = terms != (record.grace_s, record.min_runtime_s)
-        record.grace_s, record.min_runtime_s = terms
+        logged = record.terms_logged
+        changed = (
+            logged is None
+            or _moved(logged[0], answer.grace_s)
+            or _moved(logged[1], answer.min_runtime_s)
+        )
+        record.grace_s, record.min_runtime_s = answer.grace_s, answer.min_runtime_s
         record.interval_hint_s = hint
         if changed:
             why = f"grace {answer.grace_s:g} s, minimum runtime {answer.min_runtime_s:g} s"
@@ -361,6 +365,7 @@ class QueueManager:
                 "interval_hint_s": hint,
             }
             self._event(db, now, "negotiated", record, why, data)
+            record.terms_logged = [answer.grace_s, answer.min_runtime_s]
         return NegotiationView(
             grace_s=answer.grace_s,
             min_runtime_s=answer.min_runtime_s,
@@ -567,9 +572,7 @@ class QueueManager:
             return
         took = max(0.0, at - notice.sent_at)
         record.observed_exit_s = took
-        since = record.last_checkpoint_at
-        start = record.started_at or at
-        lost = record.gpus * max(0.0, at - (since if since and since >= start else start))
+        lost = record.gpus * _lost_seconds(record, notice, at)
         data = {
             "grace_s": notice.grace_s,
             "took_s": round(took, 3),
@@ -778,6 +781,24 @@ class _LiveRuns:
 
     def noticed(self, notice: Preempt, running: RunningJob, now: float) -> Leaving:
         return self.manager._notice(notice, running, now)
+
+
+def _moved(old: float, new: float) -> bool:
+    """A change of terms worth an event: a tenth or more, and at least a second."""
+    return abs(new - old) >= max(1.0, 0.1 * abs(old))
+
+
+def _lost_seconds(record: JobRecord, notice: Notice, exited_at: float) -> float:
+    """Seconds of the run a preemption wasted: from its last committed checkpoint to its exit;
+    for a job that acked (saved after the notice, nothing left at stake), from the notice to
+    that save: the step in flight and the save. Its exit after the ack wastes no work."""
+    start = record.started_at or exited_at
+    since = record.last_checkpoint_at
+    if since is None or since < start:
+        since = start
+    if notice.acked_at is not None and since >= notice.sent_at:
+        return max(0.0, since - notice.sent_at)
+    return max(0.0, exited_at - since)
 
 
 def _expected_exit_s(job: Job, grace_s: float) -> float:

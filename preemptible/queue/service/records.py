@@ -59,6 +59,8 @@ class JobRecord:
     """How long the job last took from SIGTERM to exit."""
     grace_s: float = 0.0
     min_runtime_s: float = 0.0
+    terms_logged: list[float] | None = None
+    """[grace, minimum runtime] of the last 'negotiated' event (small moves log nothing)."""
     interval_hint_s: float | None = None
     last_preempted_at: float | None = None
     preemptions: int = 0

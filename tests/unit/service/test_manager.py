@@ -189,6 +189,7 @@ def test_a_cost_report_logs_new_terms_once_and_counts_its_checkpoint(tmp_path):
     report = CostView(save_seconds_p95=1.0, last_checkpoint_step=9, last_checkpoint_time=saved_at)
     answer = m.report_cost(job.id, report)
     m.report_cost(job.id, report)  # the same terms: no second event
+    m.report_cost(job.id, CostView(save_seconds_p95=1.04))  # a small move: none either
     negotiated = [e for e in m.events(job_id=job.id) if e.kind == "negotiated"]
     assert len(negotiated) == 1 and negotiated[0].data["grace_s"] == answer.grace_s
     assert m.jobs[job.id].last_checkpoint_at == saved_at
