@@ -570,7 +570,8 @@ class QueueManager:
             why = record.launch_error or self._exit_words(ended)
             self._finish(record, now, state, why)
             return
-        took = max(0.0, at - notice.sent_at)
+        # From the SIGTERM: a notice sent only at a restart must not count the downtime.
+        took = max(0.0, at - (notice.signalled_at or notice.sent_at))
         record.observed_exit_s = took
         lost = record.gpus * _lost_seconds(record, notice, at)
         data = {
