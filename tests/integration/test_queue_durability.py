@@ -11,7 +11,8 @@ restart, and once everything has drained at the end, it checks:
   while it lives, and one that finds it taken writes `overlap`; the attempts' start and end
   lines (appended with `O_APPEND` to one file per job) must not overlap either;
 - no job stays `running` or `preempting` for long once its process is gone;
-- a job that finished is never run again, and every job ends `completed`;
+- a job that finished is never run again, and every job ends `completed` (`cancelled` when the
+  client cancelled it, now and then: nothing starts after a cancel is acknowledged);
 - every attempt killed while the server was down was requeued, with a reason, in the events.
 
 The server is killed `PREEMPTIBLE_SOAK_KILLS` times (default 100, about two minutes on two
@@ -142,6 +143,10 @@ class Soak:
     acked: list[str] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
     """Submissions answered otherwise than 201 (none should be)."""
+    cancelled: dict[str, int] = field(default_factory=dict)
+    """Jobs whose cancel was acknowledged (202), with their attempts then: none may follow."""
+    maybe_cancelled: set[str] = field(default_factory=set)
+    """Jobs whose cancel got no answer (the server died): cancelled or completed."""
     killed_jobs: list[tuple[str, int, float]] = field(default_factory=list)
     """(job, attempt, when) of every attempt the test SIGKILLed while the server was down."""
     rng: random.Random = field(init=False)
@@ -248,7 +253,22 @@ class Soak:
                 else:
                     self.refusals.append(f"{r.status_code} {r.text}")
             self.submitted.set()
+            if rng.random() < 0.1:
+                self._cancel(admin, rng.choice(self.acked[-8:]))
         admin.close()
+
+    def _cancel(self, admin: httpx.Client, job_id: str) -> None:
+        try:
+            r = admin.delete(f"/v1/jobs/{job_id}")
+        except httpx.HTTPError:
+            with self.lock:
+                self.maybe_cancelled.add(job_id)
+            return
+        with self.lock:
+            if r.status_code == 202:
+                self.cancelled.setdefault(job_id, r.json()["attempts"])
+            elif r.status_code != 409:  # 409: it had finished already
+                self.refusals.append(f"cancel: {r.status_code} {r.text}")
 
     def _job_body(self, rng: random.Random, script: Path) -> dict[str, Any]:
         mode = rng.choice(["saver", "stubborn"])
@@ -345,13 +365,17 @@ class Soak:
             by_job[e["job_id"]].append(e)
         lost = [j for j in self.acked if j not in jobs]
         assert not lost, f"acknowledged jobs lost: {lost}"
-        unfinished = {j: v["state"] for j, v in jobs.items() if v["state"] != "completed"}
-        assert not unfinished, f"jobs that did not complete: {unfinished}"
+        wrong = {j: v["state"] for j, v in jobs.items() if v["state"] not in self._ends(j)}
+        assert not wrong, f"jobs that did not end as they should: {wrong}"
         killed = {(j, n) for j, n, _ in self.killed_jobs}
         for job_id, job in jobs.items():
             attempts, problems = self.attempts(job_id)
             assert not problems, problems
-            self._check_attempts(job_id, job, attempts, killed)
+            if job["state"] == "completed":
+                self._check_completed(job_id, job, attempts)
+            if job_id in self.cancelled:  # nothing started after the cancel was acknowledged
+                assert max(attempts, default=0) <= self.cancelled[job_id], attempts
+            self._check_attempts(job_id, attempts, killed)
             self._check_notices(job_id, attempts, by_job[job_id])
         for job_id, n, at in self.killed_jobs:
             next_start = self.attempts(job_id)[0].get(n + 1)
@@ -360,7 +384,7 @@ class Soak:
             requeued = [
                 e
                 for e in by_job[job_id]
-                if e["kind"] == "requeued"
+                if e["kind"] in ("requeued", "cancelled")
                 and at <= e["at"] <= until
                 and ("gone" in e["reason"] or e["reason"] in notices)  # vanished, or was leaving
             ]
@@ -380,25 +404,32 @@ class Soak:
         for e in events:
             attempt += e["kind"] == "admitted"  # the k-th admission starts attempt k
             a = attempts.get(attempt)
-            if e["kind"] == "requeued" and e["data"].get("killed") and a and not a.noticed:
+            killed = e["kind"] in ("requeued", "cancelled") and e["data"].get("killed")
+            if killed and a and not a.noticed:
                 raise AssertionError(f"{job_id} attempt {attempt} was killed without its SIGTERM")
 
-    def _check_attempts(
-        self,
-        job_id: str,
-        job: dict[str, Any],
-        attempts: dict[int, Attempt],
-        killed: set[tuple[str, int]],
-    ) -> None:
+    def _ends(self, job_id: str) -> set[str]:
+        """The states the job may end in."""
+        if job_id in self.cancelled:
+            return {"cancelled"}
+        return {"completed", "cancelled"} if job_id in self.maybe_cancelled else {"completed"}
+
+    @staticmethod
+    def _check_completed(job_id: str, job: dict[str, Any], attempts: dict[int, Attempt]) -> None:
         assert attempts, f"{job_id} completed but never started: {job}"
         assert max(attempts) <= job["attempts"], f"{job_id}: more attempts than recorded"
+        last = attempts[max(attempts)]
+        assert last.end == "end", f"{job_id} completed but its last attempt did not finish"
+
+    @staticmethod
+    def _check_attempts(
+        job_id: str, attempts: dict[int, Attempt], killed: set[tuple[str, int]]
+    ) -> None:
         ordered = sorted(attempts.values(), key=lambda a: a.started_at)
         assert [a.number for a in ordered] == sorted(attempts), f"{job_id}: attempts out of order"
         for before, after in itertools.pairwise(ordered):
             if before.ended_at is not None:
                 assert before.ended_at <= after.started_at, f"{job_id}: attempts overlap"
-        last = ordered[-1]
-        assert last.end == "end", f"{job_id} completed but its last attempt did not finish"
         for a in ordered[:-1]:
             if a.end == "end" and (job_id, a.number) not in killed:
                 raise AssertionError(f"{job_id} finished in attempt {a.number} and ran again")
