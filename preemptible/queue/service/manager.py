@@ -53,7 +53,7 @@ from preemptible.queue.service.executor import (
 )
 from preemptible.queue.service.metrics import DurationHistogram
 from preemptible.queue.service.records import JobRecord, Notice
-from preemptible.queue.service.store import Store
+from preemptible.queue.service.store import GroupCommit, Store
 from preemptible.queue.service.views import (
     CostView,
     EventView,
@@ -73,6 +73,10 @@ log = logging.getLogger("preemptible.queue")
 
 ACK_EXIT_S = 5.0
 """After a job says it has saved and is exiting, it gets this long before SIGKILL."""
+HAND_ON_POLL_S = 0.02
+"""How often the runs are polled while a job that acked its notice is on its way out."""
+GATHER_S = 0.01
+"""The loop's pause after each step, so that a burst of submissions makes one cycle."""
 STATS_WINDOW_S = 86400.0
 """The four signals are computed over the last day."""
 RUNNING_STATES = (JobState.RUNNING.value, JobState.PREEMPTING.value)
@@ -124,6 +128,7 @@ class QueueManager:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._seq = store.next_seq()
+        self.commits = GroupCommit(store)
         self._recover()
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -148,7 +153,17 @@ class QueueManager:
                     self.step()
                 except Exception:  # a bug must not stop the queue: log it, go on
                     log.exception("queue loop step failed")
-                self.changed.wait(timeout=self.poll_s)
+                self.changed.wait(timeout=self._poll_interval())
+            time.sleep(GATHER_S)  # what woke the loop at once (a burst of submissions): one step
+
+    def _poll_interval(self) -> float:
+        """Seconds until the runs are polled again: soon while a job that acked its notice is
+        leaving (its GPUs go on the moment it is gone), else `poll_s`."""
+        for job_id in self.shell.state.running:
+            notice = self.jobs[job_id].notice
+            if notice is not None and notice.acked_at is not None:
+                return HAND_ON_POLL_S
+        return self.poll_s
 
     def step(self) -> None:
         """Poll the runs, then run a cycle if anything changed or a second has passed."""
@@ -186,35 +201,43 @@ class QueueManager:
     # --- submissions --------------------------------------------------------------------------
 
     def submit(self, req: SubmitRequest) -> JobView:
-        """Take a job; it is in the state file when this returns."""
+        """Take a job; it is in the state file when this returns.
+
+        Submissions that arrive together are committed together (`GroupCommit`), outside the
+        manager's lock: the job is scheduled only once it is on disk.
+        """
         self._check(req)
-        with self.changed:
+        with self.lock:
             now = self.clock()
-            job_id = f"j{self._seq}"
+            seq = self._seq
             self._seq += 1
-            record = JobRecord(
-                id=job_id,
-                name=req.name or os.path.basename(req.command[0]),
-                queue=req.queue,
-                tier=Tier.parse(req.tier).value,
-                gpus=req.gpus,
-                cpus=req.cpus,
-                memory_gb=req.memory_gb,
-                gang=req.gang,
-                estimate_s=req.estimate_s,
-                command=list(req.command),
-                env=dict(req.env),
-                cwd=req.cwd,
-                submitted_at=now,
-                pending_since=now,
-            )
-            record.grace_s = grace_seconds(0.0, self.config.preemption)
-            token_hash = _hash(self._job_token(job_id))
-            with self.store.transaction() as db:
-                self.store.insert_job(
-                    db, job_id, req.queue, record.state, token_hash, record.to_doc()
-                )
-                self._event(db, now, "submitted", record, "submitted", {"gpus": req.gpus})
+        job_id = f"j{seq}"
+        record = JobRecord(
+            id=job_id,
+            name=req.name or os.path.basename(req.command[0]),
+            queue=req.queue,
+            tier=Tier.parse(req.tier).value,
+            gpus=req.gpus,
+            cpus=req.cpus,
+            memory_gb=req.memory_gb,
+            gang=req.gang,
+            estimate_s=req.estimate_s,
+            command=list(req.command),
+            env=dict(req.env),
+            cwd=req.cwd,
+            submitted_at=now,
+            pending_since=now,
+        )
+        record.grace_s = grace_seconds(0.0, self.config.preemption)
+        token_hash = _hash(self._job_token(job_id))
+        doc = record.to_doc()
+
+        def write(db: Any) -> None:
+            self.store.insert_job(db, seq, job_id, req.queue, record.state, token_hash, doc)
+            self._event(db, now, "submitted", record, "submitted", {"gpus": req.gpus})
+
+        self.commits.write(write)
+        with self.changed:
             self.jobs[job_id] = record
             self.by_token[token_hash] = job_id
             self.shell.submit(record.core_job())

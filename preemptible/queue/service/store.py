@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,11 +122,18 @@ class Store:
 
     @staticmethod
     def insert_job(
-        db: sqlite3.Connection, job_id: str, queue: str, state: str, token_hash: str, doc: Any
+        db: sqlite3.Connection,
+        seq: int,
+        job_id: str,
+        queue: str,
+        state: str,
+        token_hash: str,
+        doc: Any,
     ) -> None:
+        """A new job, under the sequence number its id was made from (`next_seq`)."""
         db.execute(
-            "INSERT INTO jobs (id, queue, state, token_hash, doc) VALUES (?, ?, ?, ?, ?)",
-            (job_id, queue, state, token_hash, json.dumps(doc)),
+            "INSERT INTO jobs (seq, id, queue, state, token_hash, doc) VALUES (?, ?, ?, ?, ?, ?)",
+            (seq, job_id, queue, state, token_hash, json.dumps(doc)),
         )
 
     @staticmethod
@@ -190,3 +198,63 @@ class Store:
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
         return [(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6])) for r in rows]
+
+
+@dataclass(slots=True)
+class _Write:
+    fn: Callable[[sqlite3.Connection], None]
+    done: bool = False
+    error: BaseException | None = None
+
+
+class GroupCommit:
+    """Writes from many threads, committed together: one transaction and one fsync for all
+    that arrive while the previous commit is on its way to the disk.
+
+    The first writer to find no commit in flight commits the batch for everyone (no thread of
+    its own); each write has its own savepoint, so one that fails fails alone.
+    """
+
+    def __init__(self, store: Store):
+        self._store = store
+        self._cv = threading.Condition()
+        self._waiting: list[_Write] = []
+        self._committing = False
+
+    def write(self, fn: Callable[[sqlite3.Connection], None]) -> None:
+        """Run `fn` in a transaction; return once it is on disk, or raise what it raised."""
+        mine = _Write(fn)
+        with self._cv:
+            self._waiting.append(mine)
+            while not mine.done:
+                if self._committing:
+                    self._cv.wait()
+                    continue
+                self._committing = True
+                batch, self._waiting = self._waiting, []
+                self._cv.release()
+                try:
+                    self._commit(batch)
+                finally:
+                    self._cv.acquire()
+                    self._committing = False
+                    for write in batch:
+                        write.done = True
+                    self._cv.notify_all()
+        if mine.error is not None:
+            raise mine.error
+
+    def _commit(self, batch: list[_Write]) -> None:
+        try:
+            with self._store.transaction() as db:
+                for write in batch:
+                    db.execute("SAVEPOINT one_write")
+                    try:
+                        write.fn(db)
+                    except Exception as exc:  # this write fails; the others go on
+                        db.execute("ROLLBACK TO one_write")
+                        write.error = exc
+                    db.execute("RELEASE one_write")
+        except BaseException as exc:  # the commit itself failed: nothing of it is on disk
+            for write in batch:
+                write.error = write.error or exc

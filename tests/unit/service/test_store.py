@@ -1,0 +1,85 @@
+"""The state file's group commit: many writers, one transaction each time, failures alone."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from preemptible.queue.service.store import GroupCommit, Store
+
+
+def jobs_in(path: Path) -> list[str]:
+    with sqlite3.connect(path) as db:  # a second connection: what is really on disk
+        return [r[0] for r in db.execute("SELECT id FROM jobs ORDER BY seq")]
+
+
+def test_concurrent_writes_are_all_durable_in_fewer_commits(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    commits = GroupCommit(store)
+    transactions = 0
+    original = store.transaction
+
+    def counting():  # type: ignore[no-untyped-def]
+        nonlocal transactions
+        transactions += 1
+        return original()
+
+    store.transaction = counting  # type: ignore[method-assign]
+    start = threading.Barrier(16)
+
+    def writer(n: int) -> None:
+        start.wait()
+        for k in range(20):
+            seq = n * 100 + k + 1
+            commits.write(
+                lambda db, seq=seq: Store.insert_job(db, seq, f"j{seq}", "q", "pending", "h", {})
+            )
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(jobs_in(store.path)) == 16 * 20
+    assert transactions < 16 * 20  # writers that came together shared a commit
+    assert store.next_seq() == 15 * 100 + 20 + 1
+
+
+def test_a_failing_write_fails_alone(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    commits = GroupCommit(store)
+    commits.write(lambda db: Store.insert_job(db, 1, "j1", "q", "pending", "h", {}))
+    with pytest.raises(sqlite3.IntegrityError):  # the same id again
+        commits.write(lambda db: Store.insert_job(db, 2, "j1", "q", "pending", "h", {}))
+    commits.write(lambda db: Store.insert_job(db, 3, "j3", "q", "pending", "h", {}))
+    assert jobs_in(store.path) == ["j1", "j3"]
+
+
+def test_a_failing_write_in_a_shared_commit_fails_alone(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    commits = GroupCommit(store)
+    commits.write(lambda db: Store.insert_job(db, 1, "j1", "q", "pending", "h", {}))
+    errors: dict[str, BaseException] = {}
+
+    def write(seq: int, job_id: str) -> None:
+        try:
+            commits.write(lambda db: Store.insert_job(db, seq, job_id, "q", "pending", "h", {}))
+        except BaseException as exc:
+            errors[job_id] = exc
+
+    with store._lock:  # the disk is busy: the first writer waits inside its commit ...
+        first = threading.Thread(target=write, args=(2, "j2"))
+        first.start()
+        time.sleep(0.1)
+        together = [threading.Thread(target=write, args=a) for a in ((3, "j1"), (4, "j4"))]
+        for t in together:  # ... and these two queue up for the next commit, as one batch
+            t.start()
+        time.sleep(0.1)
+    for t in [first, *together]:
+        t.join()
+    assert list(errors) == ["j1"] and isinstance(errors["j1"], sqlite3.IntegrityError)
+    assert jobs_in(store.path) == ["j1", "j2", "j4"]
