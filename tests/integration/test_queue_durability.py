@@ -41,9 +41,9 @@ from typing import Any
 import httpx
 import pytest
 
-pytestmark = pytest.mark.slow
-
 KILLS = int(os.environ.get("PREEMPTIBLE_SOAK_KILLS", "100"))
+# About a second per kill on two cores; the long soak outlives the suite's 600 s per test.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(max(600, 300 + 3 * KILLS))]
 CONFIG = """
 [cluster]
 gpus = 3
