@@ -89,7 +89,8 @@ class QueueManagerProtocol(Protocol):
     """What the HTTP layer asks of the manager (`manager.QueueManager` implements it).
 
     The methods are called from many threads at once, and `wait_notice` blocks for up to
-    `wait_s`; they raise the shared errors (`RequestError`, `JobNotFoundError`,
+    `wait_s`; `job_for_token` is called on the event loop and must never block. They raise
+    the shared errors (`RequestError`, `JobNotFoundError`,
     `JobStateError`, `AccessDeniedError`), which become 400, 404, 409 and 403.
     """
 
@@ -488,12 +489,14 @@ _bearer = HTTPBearer(
 )
 
 
-def _manager(request: Request) -> QueueManagerProtocol:
+# The dependencies are `async` (they never block): a plain `def` would cost each request two
+# more round trips through the thread pool, which is most of a submission's CPU.
+async def _manager(request: Request) -> QueueManagerProtocol:
     manager: QueueManagerProtocol = request.app.state.manager
     return manager
 
 
-def _caller(
+async def _caller(
     request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
 ) -> Principal:
     authenticator: Authenticator = request.app.state.authenticator

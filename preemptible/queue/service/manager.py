@@ -187,14 +187,12 @@ class QueueManager:
         last = results[-1]
         self.wake_at = last.wake_at
         self.default_reason = last.default_reason
-        reasons = dict(last.pending)
-        with self.store.transaction() as db:
-            for job_id, reason in reasons.items():
-                record = self.jobs.get(job_id)
-                pending = record is not None and record.state == JobState.PENDING.value
-                if record is not None and pending and record.reason != reason:
-                    record.reason = reason
-                    self.store.update_job(db, job_id, record.state, record.to_doc())
+        # Why each job waits is the last cycle's word: kept in memory only (a restart's first
+        # cycle says it again); writing it would cost every cycle an fsync under the lock.
+        for job_id, reason in dict(last.pending).items():
+            record = self.jobs.get(job_id)
+            if record is not None and record.state == JobState.PENDING.value:
+                record.reason = reason
         if last.wake_at is not None:
             self._next_cycle = min(self._next_cycle, last.wake_at)
 
@@ -325,8 +323,9 @@ class QueueManager:
         return self._attempt_path(job_id, k, "log")
 
     def job_for_token(self, token: str) -> str | None:
-        with self.lock:
-            return self.by_token.get(_hash(token))
+        """The job whose own token this is. No lock: one dict lookup is atomic, and the API
+        calls this on its event loop, which must never wait for a cycle."""
+        return self.by_token.get(_hash(token))
 
     # --- what jobs tell the manager -----------------------------------------------------------
 
