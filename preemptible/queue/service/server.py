@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import gc
 import logging
 import os
 import socket
@@ -92,12 +93,26 @@ def run_server(config_path: Path, state_dir: Path, host: str, port: int) -> None
         ),
         manager,
     )
+    _quiet_garbage_collector()
     manager.start()
     try:
         server.run()
     finally:
         manager.stop()
         manager.store.close()
+
+
+GC_THRESHOLDS = (10_000, 20, 20)
+"""The collector's generation thresholds while serving (Python's default is (700, 10, 10))."""
+
+
+def _quiet_garbage_collector() -> None:
+    """Fewer, shorter collections: what exists after start-up (the modules, the recovered
+    jobs) is frozen out of every collection, and the youngest generation is collected after
+    10,000 allocations rather than 700. Collections were the tail of the submission latency
+    (docs/internals/gc-while-serving.md)."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 class _StoppingServer(uvicorn.Server):
