@@ -6,6 +6,7 @@ a known moment; the processes run for real.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -49,8 +50,24 @@ STUBBORN = (
 )
 
 
+_MANAGERS: list[QueueManager] = []
+
+
 def manager(state: Path) -> QueueManager:
-    return build_manager(parse_config(CONFIG), state, url="http://127.0.0.1:9")
+    m = build_manager(parse_config(CONFIG), state, url="http://127.0.0.1:9")
+    _MANAGERS.append(m)
+    return m
+
+
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test():
+    """Jobs still running when a test ends (a requeued borrower runs again) are killed."""
+    yield
+    while _MANAGERS:
+        for record in _MANAGERS.pop().jobs.values():
+            if record.handle is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(record.handle["pid"], signal.SIGKILL)
 
 
 def submit(
