@@ -3,6 +3,7 @@
     preemptible queue serve --config queue.toml [--state DIR] [--host H] [--port N]
     preemptible queue submit --queue Q --gpus N [--tier T] [--estimate 2h] ... -- CMD...
     preemptible queue status|why|cancel|events|stats|logs ...
+    preemptible queue export --to kueue|slurm queue.toml [-o DIR]
 
 The client commands read the address and token from `--url`/`--token` or
 `PREEMPTIBLE_QUEUE_URL`/`PREEMPTIBLE_TOKEN` (prefer the variable: a `--token` shows in `ps`),
@@ -425,6 +426,102 @@ def logs(
                 time.sleep(pause_s)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
+
+
+# --- export --------------------------------------------------------------------------------------
+
+
+_EXPORT_HELP = (
+    "Turn a queue config into the policy of Kueue or SLURM.\n\n"
+    "kueue writes kueue.yaml: a ResourceFlavor, a Cohort, a ClusterQueue per queue (nominal "
+    "quota, borrowing limit, fair-sharing weight, preemption), a Namespace and a LocalQueue "
+    "per queue, and a WorkloadPriorityClass per tier (label jobs with "
+    "kueue.x-k8s.io/priority-class).\n\n"
+    "slurm writes slurm.conf, a fragment to append to a slurm.conf that defines the nodes (a "
+    "partition per tier, preemption with requeue, GraceTime, fair-share priority), and "
+    "sacctmgr.sh (an account per queue with its fair share and caps; needs slurmdbd).\n\n"
+    "Each file starts with comments on what the scheduler cannot express. Without -o the "
+    "files are printed. See docs/schedulers.md."
+)
+
+
+@app.command("export", help=_EXPORT_HELP)
+def export_policy(
+    config: Annotated[Path, typer.Argument(help="Queue configuration (TOML).", show_default=False)],
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="kueue: one YAML of Kueue objects. slurm: a slurm.conf fragment and a "
+            "sacctmgr script.",
+            show_default=False,
+        ),
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Write the files into this folder (made if missing) \\[default: print them].",
+            file_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            help="kueue: the namespace of every LocalQueue \\[default: one per queue, named "
+            "after it].",
+            show_default=False,
+        ),
+    ] = None,
+    cohort: Annotated[
+        str | None,
+        typer.Option(help="kueue: the Cohort's name \\[default: preemptible].", show_default=False),
+    ] = None,
+    kueue_api: Annotated[
+        str | None,
+        typer.Option(help="kueue: v1beta2 or v1beta1 \\[default: v1beta2].", show_default=False),
+    ] = None,
+) -> None:
+    """Turn a queue config into the policy of Kueue or SLURM (help: `_EXPORT_HELP`)."""
+    from preemptible.queue.core import parse_config_text
+    from preemptible.queue.export import export_files
+
+    kueue_options = {"namespace": namespace, "cohort": cohort, "api_version": kueue_api}
+    options = {key: value for key, value in kueue_options.items() if value is not None}
+    if to != "kueue" and options:
+        _fail("--namespace, --cohort and --kueue-api apply to --to kueue only")
+    try:
+        text = config.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"cannot read {config}: {exc}")
+    try:
+        files = export_files(parse_config_text(text, path=config), to, **options)
+    except PreemptibleError as exc:
+        _fail(str(exc))
+    if output is None:
+        for name, content in files.items():
+            if len(files) > 1:
+                typer.echo(f"# ==> {name} <==")
+            typer.echo(content, nl=False)
+        return
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        for name, content in files.items():
+            _write_file(output / name, content, executable=name.endswith(".sh"))
+    except OSError as exc:
+        _fail(f"cannot write to {output}: {exc}", code=1)
+    for name in files:
+        typer.echo(f"wrote {output / name}")
+
+
+def _write_file(path: Path, content: str, *, executable: bool) -> None:
+    """Write `content` to a temporary file beside `path`, then replace `path` with it."""
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_text(content, encoding="utf-8")
+    temp.chmod(0o755 if executable else 0o644)
+    temp.replace(path)
 
 
 __all__ = ["app"]
