@@ -206,7 +206,9 @@ class QueueLink:
             )
             response.raise_for_status()
             terms = _terms(response.json())
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError, RuntimeError) as exc:
+            if self._is_closed():
+                return None
             self._failed("cost report", exc)
             return None
         self._recovered("cost report")
@@ -228,9 +230,9 @@ class QueueLink:
                 )
                 response.raise_for_status()
                 notice = _notice(response.json())
-            except (httpx.HTTPError, ValueError) as exc:
+            except (httpx.HTTPError, ValueError, RuntimeError) as exc:
                 if self._is_closed():
-                    return  # the client was closed under the poll
+                    return  # the client was closed under the poll (RuntimeError, or a read)
                 self._failed("notice watch", exc)
                 backoff = min(MAX_BACKOFF_S, max(1.0, 2 * backoff))
                 continue
