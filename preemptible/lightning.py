@@ -1,0 +1,235 @@
+"""Lightning adapter: atomic, checksummed, pickle-free checkpoints and a save on notice.
+
+Two objects, used together (`docs/lightning.md`):
+
+- `PreemptibleCheckpointIO` is the ``plugins=`` entry that makes every Lightning save
+  (``ModelCheckpoint``, ``trainer.save_checkpoint``) go through `Checkpointer`. Each Lightning
+  checkpoint path (``.../last.ckpt``) becomes a checkpoint root holding one committed step, so
+  overwriting ``last.ckpt`` is an atomic replacement, a torn write is never loaded, and loading
+  decodes JSON plus raw arrays: nothing is unpickled.
+- `PreemptionCallback` records SIGTERM/SIGUSR1/SIGINT with a `PreemptionGuard`, saves at the end
+  of the batch in which the notice arrived (all ranks agreeing), and exits with ``128 + signum``.
+  ``trainer.fit(model, ckpt_path=callback.resume_path())`` is the same line on the first run and
+  on every restart: it is None until a checkpoint exists, then the newest valid one.
+
+Mid-epoch resume at the right batch needs a resumable data loader (torchdata's
+``StatefulDataLoader``): Lightning saves its state in the loop state and restores it.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+
+from preemptible import (
+    BackendNotInstalledError,
+    Checkpointer,
+    CheckpointError,
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+    PreemptionGuard,
+    RNGState,
+)
+
+try:
+    import lightning.pytorch as pl
+    from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning.pytorch.callbacks import Callback
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise BackendNotInstalledError(
+        "preemptible.lightning needs Lightning: pip install 'preemptible[lightning]'"
+    ) from error
+
+__all__ = ["PreemptibleCheckpointIO", "PreemptionCallback"]
+
+_PREEMPTED_NAME = "preempted.ckpt"
+
+
+class PreemptibleCheckpointIO(CheckpointIO):
+    """Write and read Lightning checkpoints with `Checkpointer` (``plugins=[...]``).
+
+    A Lightning path is the root of a one-checkpoint store: each save commits the next step
+    number there and only then deletes the previous one (``keep=1``), so a path always holds a
+    complete checkpoint, old or new. The step is a save counter, not ``global_step``: Lightning
+    writes the same path twice at one ``global_step`` (end of epoch, then validation), and a
+    second commit of an existing step would be ignored. ``global_step`` and ``epoch`` go into
+    the manifest's metadata, where `PreemptionCallback.resume_path` reads them.
+
+    Args:
+        storage_options: default fsspec options (credentials, ``endpoint_url``); Lightning's
+            per-save ``storage_options`` override them.
+    """
+
+    def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.storage_options = dict(storage_options or {})
+
+    def _store(self, path: str | os.PathLike[str], options: Any = None) -> Checkpointer:
+        merged = {**self.storage_options, **(options or {})}
+        return Checkpointer(os.fspath(path), keep=1, storage_options=merged or None)
+
+    def save_checkpoint(
+        self,
+        checkpoint: dict[str, Any],
+        path: str | os.PathLike[str],
+        storage_options: Any | None = None,
+    ) -> None:
+        """Commit ``checkpoint`` atomically at ``path`` (a values-only dict: see `serialize`).
+
+        Raises:
+            UnsupportedStateError: the dict holds an object with no pickle-free form (e.g.
+                hyperparameters that are arbitrary classes); the message names its key.
+        """
+        store = self._store(path, storage_options)
+        latest = store.latest()
+        step = 0 if latest is None else latest.step + 1
+        meta = {
+            "global_step": int(checkpoint.get("global_step", 0)),
+            "epoch": int(checkpoint.get("epoch", 0)),
+            "format": "lightning",
+        }
+        store.save(step, checkpoint, metadata=meta)
+
+    def load_checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        map_location: Any | None = None,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Read the checkpoint at ``path``; ``weights_only`` is moot, nothing is unpickled.
+
+        Raises:
+            CheckpointNotFoundError: no committed checkpoint at ``path``.
+            CheckpointFormatError: ``path`` is a file (``torch.save``): unpickling it is refused.
+            CheckpointCorruptedError: its files fail their checksums.
+        """
+        fs, root = fsspec.core.url_to_fs(os.fspath(path), **self.storage_options)
+        if fs.isfile(root):
+            raise CheckpointFormatError(
+                f"{os.fspath(path)} is a file, not a checkpoint written by PreemptibleCheckpointIO "
+                "(perhaps torch.save); it is not read, since loading it would unpickle it"
+            )
+        store = self._store(path)
+        info = store.latest()
+        if info is None:
+            raise CheckpointNotFoundError(f"no committed checkpoint at {os.fspath(path)}")
+        # This step, not an older one: silently resuming from stale state is worse than failing.
+        loaded = store.load(info.step, map_location=map_location)
+        if not isinstance(loaded, dict):
+            raise CheckpointFormatError(f"{os.fspath(path)} does not hold a Lightning checkpoint")
+        return loaded
+
+    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Delete the checkpoint root at ``path`` (``ModelCheckpoint`` rotating its top-k)."""
+        fs, root = fsspec.core.url_to_fs(os.fspath(path), **self.storage_options)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+class PreemptionCallback(Callback):
+    """Save at the end of the batch in which a notice arrived, then exit ``128 + signum``.
+
+    The guard is installed in ``setup``, before Lightning registers its own handlers, so
+    Lightning chains ours on SIGTERM and leaves SIGUSR1 to us even with SLURM's
+    ``auto_requeue`` (`docs/lightning.md`). The save goes to ``dirpath/preempted.ckpt`` via
+    ``trainer.save_checkpoint``, hence through the trainer's CheckpointIO; with
+    `PreemptibleCheckpointIO` it is atomic. The process leaves by raising ``SystemExit``, which
+    Lightning turns into its teardown (``on_exception`` hooks, loggers closed) before the exit.
+
+    Args:
+        dirpath: where checkpoints live; give ``ModelCheckpoint`` the same one so that
+            `resume_path` sees its saves too.
+        guard: an installed guard to share with other code; else one is made and installed here.
+        storage_options: fsspec options for listing ``dirpath``.
+    """
+
+    def __init__(
+        self,
+        dirpath: str | os.PathLike[str],
+        *,
+        guard: PreemptionGuard | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.dirpath = os.fspath(dirpath)
+        self.storage_options = dict(storage_options or {})
+        self.guard = guard if guard is not None else PreemptionGuard()
+        self._owns_guard = guard is None
+
+    # --- resuming ---------------------------------------------------------------------------
+
+    def resume_path(self) -> str | None:
+        """The newest checkpoint under ``dirpath`` that verifies, or None; for ``ckpt_path=``.
+
+        Newest means the highest ``global_step``, then the latest commit: a preemption save
+        mid-epoch is newer than the last epoch's ``ModelCheckpoint`` file. A checkpoint whose
+        checksums fail is skipped, so a corrupted newest file costs progress, not the run.
+        """
+        fs, root = fsspec.core.url_to_fs(self.dirpath, **self.storage_options)
+        if not fs.exists(root):
+            return None
+        best: tuple[tuple[int, float], str] | None = None
+        for entry in fs.ls(root, detail=False):
+            name = posixpath.basename(entry.rstrip("/"))
+            if not name.endswith(".ckpt"):
+                continue
+            path = _join(self.dirpath, name)
+            store = Checkpointer(path, keep=None, storage_options=self.storage_options or None)
+            try:
+                info = store.latest()
+                if info is None or not store.verify(info.step).ok:
+                    continue
+            except (CheckpointError, OSError):
+                continue
+            key = (int(info.metadata.get("global_step", -1)), info.created_at)
+            if best is None or key > best[0]:
+                best = (key, path)
+        return None if best is None else best[1]
+
+    # --- state ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The global RNG states (Python, numpy, torch, CUDA): Lightning saves none, and a
+        resumed run must draw what the uninterrupted one would have (samplers seeded from the
+        global generator, dropout)."""
+        return {"rng": RNGState().state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "rng" in state_dict:
+            RNGState().load_state_dict(state_dict["rng"])
+
+    # --- hooks --------------------------------------------------------------------------------
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._owns_guard and not self.guard.installed:
+            self.guard.install()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._owns_guard:
+            self.guard.uninstall()
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        # One small collective per batch: any rank's notice stops every rank at this batch.
+        stop = trainer.strategy.reduce_boolean_decision(self.guard.requested, all=False)
+        if not stop:
+            return
+        with self.guard.final_save():
+            trainer.save_checkpoint(_join(self.dirpath, _PREEMPTED_NAME))
+        trainer.should_stop = True
+        code = self.guard.exit_code() or 143  # a notice seen only by another rank: SIGTERM's
+        raise SystemExit(code)
+
+
+def _join(base: str, name: str) -> str:
+    if "://" in base:
+        return base.rstrip("/") + "/" + name
+    return os.path.join(base, name)

@@ -1,0 +1,167 @@
+"""The real Lightning Trainer on CPU, a real SIGTERM mid-epoch, a restart with the same command.
+
+The interrupted-and-resumed run must end with weights and optimizer state bitwise equal to an
+uninterrupted one: the save happened at the end of the batch the notice arrived in, and the
+restart resumed at the next batch (data order included, via StatefulDataLoader).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from preemptible import Checkpointer
+
+pytest.importorskip("lightning")
+
+SCRIPT = Path(__file__).parent / "scripts" / "lightning_train.py"
+REPO = Path(__file__).resolve().parents[2]
+BATCHES_PER_EPOCH = 24  # 96 samples, batch 4
+TOTAL = 2 * BATCHES_PER_EPOCH
+
+
+def _run(
+    workdir: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(workdir), *extra],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env or _env(),
+    )
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    # Lightning reads SLURM_* to pick its cluster environment; keep the test's own.
+    env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    return {**env, **extra}
+
+
+# What srun sets for one task: Lightning then picks SLURMEnvironment(auto_requeue=True).
+SLURM_ENV = {
+    "SLURM_NTASKS": "1",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "train",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+}
+
+
+def _progress(workdir: Path, rank: int = 0) -> int:
+    try:
+        return int((workdir / f"progress-rank{rank}").read_text())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def _interrupt_at(
+    workdir: Path,
+    batches: int,
+    *extra: str,
+    sig: signal.Signals = signal.SIGTERM,
+    env: dict[str, str] | None = None,
+) -> tuple[int, str]:
+    """Start the script, send ``sig`` once ``batches`` batches are done; its exit code and log."""
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(workdir), "--slow", "0.05", *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env or _env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while _progress(workdir) < batches:
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "the run made no progress"
+            time.sleep(0.01)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out
+
+
+def _final(workdir: Path, rank: int = 0) -> tuple[int, dict]:
+    store = Checkpointer(workdir / f"final-rank{rank}")
+    info = store.latest()
+    assert info is not None
+    return info.step, store.load()
+
+
+def _assert_bitwise_equal(a: object, b: object, where: str = "state") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
+        assert torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            _assert_bitwise_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where  # type: ignore[arg-type]
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_bitwise_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    done = _run(workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    step, state = _final(workdir)
+    assert step == TOTAL
+    return state
+
+
+def test_sigterm_mid_epoch_saves_exits_143_and_resumes_bitwise(
+    tmp_path: Path, reference: dict
+) -> None:
+    code, out = _interrupt_at(tmp_path, 5)
+    assert code == 128 + signal.SIGTERM, out
+    preempted = Checkpointer(tmp_path / "ckpt" / "preempted.ckpt").latest()
+    assert preempted is not None, out
+    stopped_at = preempted.metadata["global_step"]
+    assert 5 <= stopped_at < BATCHES_PER_EPOCH, "the save is mid-epoch, right after the notice"
+    assert not (tmp_path / "final-rank0").exists()
+
+    done = _run(tmp_path)  # the same command
+    assert done.returncode == 0, done.stdout + done.stderr
+    step, state = _final(tmp_path)
+    assert step == TOTAL
+    _assert_bitwise_equal(state, reference)
+
+
+def test_under_slurm_auto_requeue_our_handler_wins_on_sigusr1(
+    tmp_path: Path, reference: dict
+) -> None:
+    """With SLURM's variables set, Lightning's auto_requeue is on. Our guard is installed first
+    (``setup``), so Lightning leaves SIGUSR1 to it: no ``hpc_ckpt_*.ckpt``, no ``scontrol
+    requeue``. We save, exit 138, and the same command resumes bitwise. (SIGTERM under SLURM
+    takes the path of the test above: Lightning chains our handler after its own.)"""
+    sig = signal.SIGUSR1
+    env = _env(**SLURM_ENV)
+    code, out = _interrupt_at(tmp_path, 5, sig=sig, env=env)
+    assert code == 128 + sig, out
+    assert "SLURM auto-requeueing enabled" in out, "Lightning did see SLURM"
+    assert not list(tmp_path.rglob("hpc_ckpt_*")), "Lightning's requeue handler did not save"
+    assert "requeing job" not in out, "nor did it run scontrol requeue"
+    assert Checkpointer(tmp_path / "ckpt" / "preempted.ckpt").latest() is not None
+    done = _run(tmp_path, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _assert_bitwise_equal(_final(tmp_path)[1], reference)

@@ -1,0 +1,116 @@
+"""PreemptibleCheckpointIO: atomic replacement, checksums, no pickle, and resume_path's choice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+
+from preemptible import (
+    CheckpointCorruptedError,
+    Checkpointer,
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+    UnsupportedStateError,
+)
+from preemptible.lightning import PreemptibleCheckpointIO, PreemptionCallback
+
+
+def _checkpoint(step: int) -> dict:
+    """What Lightning hands a CheckpointIO: nested values, int-keyed optimizer state."""
+    return {
+        "epoch": 0,
+        "global_step": step,
+        "pytorch-lightning_version": "2.6.6",
+        "state_dict": {"net.weight": torch.full((2, 3), float(step))},
+        "loops": {"fit_loop": {"epoch_loop.batch_progress": {"total": {"completed": step}}}},
+        "callbacks": {"ModelCheckpoint{'monitor': None}": {"best_model_score": None}},
+        "optimizer_states": [
+            {"state": {0: {"step": torch.tensor(float(step))}}, "param_groups": [{"lr": 0.1}]}
+        ],
+        "lr_schedulers": [],
+    }
+
+
+def test_round_trip_and_replace(tmp_path: Path) -> None:
+    io = PreemptibleCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint(_checkpoint(3), path)
+    io.save_checkpoint(_checkpoint(3), path)  # same global_step again: still replaced
+    io.save_checkpoint(_checkpoint(7), path)
+    loaded = io.load_checkpoint(path)
+    assert loaded["global_step"] == 7
+    assert torch.equal(loaded["state_dict"]["net.weight"], torch.full((2, 3), 7.0))
+    assert loaded["optimizer_states"][0]["state"][0]["step"].item() == 7.0
+    infos = Checkpointer(path).list()
+    assert [i.step for i in infos] == [2], "one committed checkpoint, the newest"
+    assert infos[0].metadata["global_step"] == 7
+
+
+def test_corrupted_file_is_detected(tmp_path: Path) -> None:
+    io = PreemptibleCheckpointIO()
+    path = tmp_path / "a.ckpt"
+    io.save_checkpoint(_checkpoint(1), path)
+    (data,) = path.glob("step-*/data-*.bin")
+    raw = bytearray(data.read_bytes())
+    raw[0] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointCorruptedError):
+        io.load_checkpoint(path)  # its only checkpoint fails verification
+    assert PreemptionCallback(tmp_path).resume_path() is None
+
+
+def test_never_unpickles(tmp_path: Path) -> None:
+    """A torch.save file at the path is not read; an object with no pickle-free form is refused."""
+
+    class Boom:
+        def __reduce__(self) -> tuple:
+            raise AssertionError("unpickled")
+
+    path = tmp_path / "foreign.ckpt"
+    torch.save({"x": 1}, path)
+    with pytest.raises(CheckpointFormatError, match="unpickle"):
+        PreemptibleCheckpointIO().load_checkpoint(path)
+    with pytest.raises(CheckpointNotFoundError):
+        PreemptibleCheckpointIO().load_checkpoint(tmp_path / "missing.ckpt")
+    with pytest.raises(UnsupportedStateError, match="hyper_parameters"):
+        PreemptibleCheckpointIO().save_checkpoint(
+            {"global_step": 1, "hyper_parameters": {"obj": Boom()}}, tmp_path / "b.ckpt"
+        )
+    assert not list((tmp_path / "b.ckpt").glob("step-*")), "nothing committed"
+
+
+def test_remove(tmp_path: Path) -> None:
+    io = PreemptibleCheckpointIO()
+    io.save_checkpoint(_checkpoint(1), tmp_path / "epoch=0.ckpt")
+    io.remove_checkpoint(tmp_path / "epoch=0.ckpt")
+    assert not (tmp_path / "epoch=0.ckpt").exists()
+    io.remove_checkpoint(tmp_path / "epoch=0.ckpt")  # gone already: no error
+
+
+def test_resume_path_picks_newest_valid(tmp_path: Path) -> None:
+    io = PreemptibleCheckpointIO()
+    callback = PreemptionCallback(tmp_path / "ckpt")
+    assert callback.resume_path() is None, "first run: nothing to resume"
+    io.save_checkpoint(_checkpoint(24), tmp_path / "ckpt" / "last.ckpt")
+    io.save_checkpoint(_checkpoint(30), tmp_path / "ckpt" / "preempted.ckpt")
+    io.save_checkpoint(_checkpoint(12), tmp_path / "ckpt" / "epoch=0-step=12.ckpt")
+    (tmp_path / "ckpt" / "notes.txt").write_text("ignored")
+    assert callback.resume_path() == str(tmp_path / "ckpt" / "preempted.ckpt")
+    (data,) = (tmp_path / "ckpt" / "preempted.ckpt").glob("step-*/data-*.bin")
+    data.write_bytes(b"\0" * data.stat().st_size)
+    assert callback.resume_path() == str(tmp_path / "ckpt" / "last.ckpt"), "corrupt one skipped"
+
+
+def test_memory_url(tmp_path: Path) -> None:
+    """Any fsspec URL: the same save, load and resume on memory://."""
+    io = PreemptibleCheckpointIO()
+    io.save_checkpoint(_checkpoint(5), "memory://lt-unit/ckpt/last.ckpt")
+    assert io.load_checkpoint("memory://lt-unit/ckpt/last.ckpt")["global_step"] == 5
+    callback = PreemptionCallback("memory://lt-unit/ckpt")
+    assert callback.resume_path() == "memory://lt-unit/ckpt/last.ckpt"
+    io.remove_checkpoint("memory://lt-unit/ckpt/last.ckpt")
+    assert callback.resume_path() is None
