@@ -30,6 +30,8 @@ from preemptible.env import RunEnv, check_signal_setup
 from preemptible.errors import ConfigError, PreemptibleError
 from preemptible.interval import SaveSchedule
 from preemptible.queue_link import QueueLink, QueueNotice, Terms
+from preemptible.reporters import Reporters
+from preemptible.reporters import from_env as reporters_from_env
 from preemptible.rng import RNGState
 from preemptible.signals import DEFAULT_SIGNALS, PreemptionGuard
 
@@ -59,6 +61,8 @@ class Context:
         checkpointer: use this `Checkpointer` instead of building one.
         queue_link: the link to the queue manager; default: the one its variables describe
             (``$PREEMPTIBLE_QUEUE_URL``...), on rank 0 only, or none.
+        reporters: where else the cost goes (pod annotations, SLURM comment, Prometheus);
+            default: what the environment offers (`preemptible.reporters.from_env`), rank 0 only.
     """
 
     def __init__(
@@ -77,6 +81,7 @@ class Context:
         cost_file: str | os.PathLike[str] | None = None,
         checkpointer: Checkpointer | None = None,
         queue_link: QueueLink | None = None,
+        reporters: Reporters | None = None,
     ):
         if interval not in (None, "auto"):
             raise ConfigError(f"interval must be None or 'auto', got {interval!r}")
@@ -97,6 +102,9 @@ class Context:
         if queue_link is None and self.run_env.rank == 0:
             queue_link = QueueLink.from_env(os.environ)
         self.queue_link = queue_link
+        if reporters is None and self.run_env.rank == 0:
+            reporters = reporters_from_env(os.environ)
+        self.reporters = reporters
         self.resumed_from: int | None = None
         self.restore_seconds: float | None = None
         self.step: int | None = None
@@ -265,6 +273,8 @@ class Context:
                 log.warning("could not write the cost file %s: %r", self._cost_file, e)
         if self.queue_link is not None and cost.save.count:
             self.queue_link.report(cost)  # not before a save is measured: 0 s would be a lie
+        if self.reporters is not None and cost.save.count:
+            self.reporters.report(cost)  # returns at once: they run on their own thread
         if not self._warned_setup:
             self._warned_setup = True
             grace = self.guard.grace_seconds
@@ -280,6 +290,8 @@ class Context:
                 self.guard.uninstall()
             if self.queue_link is not None:
                 self.queue_link.close()
+            if self.reporters is not None:
+                self.reporters.close()
 
     def __enter__(self) -> Context:
         return self
