@@ -33,6 +33,7 @@ MAX_BACKOFF_S = 60.0
 
 __all__ = [
     "REPORTERS_ENV",
+    "Deferred",
     "Reporter",
     "ReporterDisabled",
     "Reporters",
@@ -46,8 +47,9 @@ class Reporter(Protocol):
 
     Two methods, because that is all a sink needs: ``report`` is called from the reporters'
     thread (never the training thread) with the newest cost and may block briefly (it should
-    use a timeout of a few seconds); it raises to say "failed, retry later" and
-    `ReporterDisabled` to say "never again". ``close`` releases what the reporter holds.
+    use a timeout of a few seconds); it raises to say "failed, retry later", `Deferred` to say
+    "not now, rate limit" and `ReporterDisabled` to say "never again". ``close`` releases what
+    the reporter holds.
     """
 
     name: str
@@ -55,6 +57,14 @@ class Reporter(Protocol):
     def report(self, cost: CheckpointCost) -> None: ...
 
     def close(self) -> None: ...
+
+
+class Deferred(Exception):
+    """A reporter's rate limit: send the newest cost again in ``retry_in_s`` (not a failure)."""
+
+    def __init__(self, retry_in_s: float):
+        super().__init__(f"rate-limited for {retry_in_s:.1f} s")
+        self.retry_in_s = retry_in_s
 
 
 class ReporterDisabled(Exception):
@@ -182,6 +192,9 @@ class Reporters:
         name = state.reporter.name
         try:
             state.reporter.report(cost)
+        except Deferred as deferred:  # the newest cost goes out when the rate limit allows
+            state.not_before = self._clock() + max(0.0, deferred.retry_in_s)
+            return
         except ReporterDisabled as exc:
             state.disabled = True
             log.warning("the %s reporter is off for this run: %s", name, exc)

@@ -10,7 +10,8 @@ says exactly what changes without Kubernetes-specific patch semantics. Whether t
 patch is learnt from the first answer instead of a SelfSubjectAccessReview: a 403 turns the
 reporter off for the run (one log line), which costs one request either way and needs no
 extra RBAC rule. Patches go out at most once per ``min_interval_s`` unless a value moved by
-more than ``change_ratio``, so a job that saves every few seconds does not load the API server.
+more than ``change_ratio``, so a job that saves every few seconds does not load the API server;
+a cost held back goes out when the interval ends (`Deferred`), unless a newer one replaced it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from preemptible.checkpoint import CheckpointCost
-from preemptible.reporters import ReporterDisabled
+from preemptible.reporters import Deferred, ReporterDisabled
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 PREFIX_ENV = "PREEMPTIBLE_ANNOTATION_PREFIX"
@@ -117,23 +118,30 @@ class PodAnnotations:
         prefix = env.get(PREFIX_ENV) or DEFAULT_PREFIX
         return cls(api, pod, namespace, prefix=prefix, **options)
 
-    def should_patch(self, cost: CheckpointCost) -> bool:
-        """Rate limit: the first cost, then one per interval or on a large change."""
+    def wait_before_patch(self, cost: CheckpointCost) -> float:
+        """Rate limit: the first cost, then one per interval or on a large change.
+
+        Returns:
+            0.0 to patch now, else the seconds until the interval allows it.
+        """
         if self._last is None:
-            return True
+            return 0.0
         at, sent = self._last
-        if self._clock() - at >= self.min_interval_s:
-            return True
+        left = self.min_interval_s - (self._clock() - at)
+        if left <= 0:
+            return 0.0
         pairs = (
             (sent.save.p95, cost.save.p95),
             (sent.restore.last, cost.restore.last),
             (float(sent.bytes), float(cost.bytes)),
         )
-        return any(abs(new - old) > self.change_ratio * max(abs(old), 1e-9) for old, new in pairs)
+        moved = any(abs(new - old) > self.change_ratio * max(abs(old), 1e-9) for old, new in pairs)
+        return 0.0 if moved else left
 
     def report(self, cost: CheckpointCost) -> None:
-        if not self.should_patch(cost):
-            return
+        wait = self.wait_before_patch(cost)
+        if wait > 0:
+            raise Deferred(wait)
         from kubernetes.client.exceptions import ApiException
 
         body = {"metadata": {"annotations": cost_annotations(cost, self.prefix)}}

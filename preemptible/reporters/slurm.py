@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from preemptible.checkpoint import CheckpointCost
+from preemptible.reporters import Deferred
 
 JOB_ID_ENV = "SLURM_JOB_ID"
 
@@ -70,8 +71,10 @@ class SlurmComment:
         return ["scontrol", "update", f"JobId={self.job_id}", f"Comment={comment(cost)}"]
 
     def report(self, cost: CheckpointCost) -> None:
-        if self._last_at is not None and self._clock() - self._last_at < self.min_interval_s:
-            return
+        if self._last_at is not None:
+            wait = self.min_interval_s - (self._clock() - self._last_at)
+            if wait > 0:
+                raise Deferred(wait)
         done = self.runner(self.argv(cost))
         if done.returncode != 0:
             raise RuntimeError(

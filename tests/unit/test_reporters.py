@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from preemptible.checkpoint.stats import CheckpointCost, Summary
-from preemptible.reporters import Reporters, from_env
+from preemptible.reporters import Deferred, Reporters, from_env
 from preemptible.reporters.kubernetes import PodAnnotations
 from preemptible.reporters.prometheus import PrometheusGauges
 from preemptible.reporters.slurm import SlurmComment
@@ -255,11 +255,14 @@ def test_patches_are_rate_limited_unless_a_value_changes_a_lot(api: Any) -> None
     reporter = make_pod_reporter(api, min_interval_s=30.0, clock=lambda: now[0])
     reporter.report(make_cost(p95=2.0))  # the first: sent
     now[0] += 1
-    reporter.report(make_cost(p95=2.2))  # small change within the interval: skipped
+    with pytest.raises(Deferred) as deferred:  # small change within the interval: held back
+        reporter.report(make_cost(p95=2.2))
+    assert deferred.value.retry_in_s == pytest.approx(29.0)
     now[0] += 1
     reporter.report(make_cost(p95=4.0))  # doubled: sent at once
     now[0] += 1
-    reporter.report(make_cost(p95=4.1))  # skipped
+    with pytest.raises(Deferred):
+        reporter.report(make_cost(p95=4.1))
     now[0] += 31
     reporter.report(make_cost(p95=4.1))  # the interval has passed: sent
     sent = [
@@ -314,7 +317,8 @@ def test_slurm_comment_goes_through_scontrol_with_the_exact_argv() -> None:
     reporter = SlurmComment("4711", runner=runner, min_interval_s=30, clock=lambda: now[0])
     reporter.report(make_cost())
     now[0] += 5
-    reporter.report(make_cost())  # rate-limited
+    with pytest.raises(Deferred):
+        reporter.report(make_cost())  # rate-limited
     assert calls == [
         [
             "scontrol",
@@ -363,6 +367,39 @@ def test_one_failing_reporter_does_not_stop_the_others(caplog: Any) -> None:
     assert len(broken.costs) == 1  # backing off: not called again within a second
     assert sum("broken reporter failed" in r.getMessage() for r in caplog.records) == 1
     assert broken.closed and good.closed
+
+
+class RateLimited(Recording):
+    """Takes one cost per `interval_s`; `got` is set once `want` costs arrived."""
+
+    def __init__(self, interval_s: float, want: int):
+        super().__init__("limited")
+        self.interval_s, self.want = interval_s, want
+        self.last_at: float | None = None
+        self.got = threading.Event()
+
+    def report(self, cost: CheckpointCost) -> None:
+        now = time.monotonic()
+        if self.last_at is not None and now - self.last_at < self.interval_s:
+            raise Deferred(self.interval_s - (now - self.last_at))
+        self.last_at = now
+        self.costs.append(cost)
+        if len(self.costs) >= self.want:
+            self.got.set()
+
+
+def test_a_cost_held_back_by_a_rate_limit_goes_out_when_the_interval_ends(caplog: Any) -> None:
+    limited = RateLimited(interval_s=0.3, want=2)
+    reporters = Reporters([limited])
+    with caplog.at_level(logging.WARNING, logger="preemptible"):
+        reporters.report(make_cost(nbytes=1))
+        assert reporters.flush()
+        reporters.report(make_cost(nbytes=2))  # held back...
+        reporters.report(make_cost(nbytes=3))  # ...and replaced by a newer one
+        assert limited.got.wait(timeout=5)
+    reporters.close()
+    assert [c.bytes for c in limited.costs] == [1, 3]
+    assert not caplog.records  # a rate limit is not a failure
 
 
 def test_from_env_picks_what_the_environment_offers_and_can_be_overridden() -> None:
