@@ -6,7 +6,8 @@ STAMP   := $(VENV)/.installed
 # torch first and pinned: a bare `torch` may resolve a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 # Packages held to mypy --strict (`make typecheck`); settings in pyproject.toml [tool.mypy].
-TYPED   ?= preemptible/checkpoint preemptible/queue preemptible/cli/queue.py preemptible/queue_link.py
+TYPED   ?= preemptible/checkpoint preemptible/queue preemptible/cli/queue.py preemptible/queue_link.py \
+           preemptible/reporters
 
 .PHONY: venv test test-fast lint format typecheck demo demo-checkpoint bench clean
 
