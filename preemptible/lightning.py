@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import fsspec
+import torch.distributed as dist
 
 from preemptible import (
     BackendNotInstalledError,
@@ -31,6 +32,7 @@ from preemptible import (
     CheckpointError,
     CheckpointFormatError,
     CheckpointNotFoundError,
+    ConfigError,
     PreemptionGuard,
     RNGState,
 )
@@ -80,9 +82,18 @@ class PreemptibleCheckpointIO(CheckpointIO):
         """Commit ``checkpoint`` atomically at ``path`` (a values-only dict: see `serialize`).
 
         Raises:
+            ConfigError: torch.distributed runs more than one process (not supported yet).
             UnsupportedStateError: the dict holds an object with no pickle-free form (e.g.
                 hyperparameters that are arbitrary classes); the message names its key.
         """
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # Lightning calls this on rank 0 only, and Checkpointer.save is collective when
+            # torch.distributed is up: the save would wait forever for the other ranks.
+            raise ConfigError(
+                "PreemptibleCheckpointIO does not support multi-process strategies yet: "
+                "Lightning saves from rank 0 alone and Checkpointer.save expects every rank. "
+                "Use devices=1, or Lightning's default CheckpointIO for now"
+            )
         store = self._store(path, storage_options)
         latest = store.latest()
         step = 0 if latest is None else latest.step + 1
