@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
 # Packages held to mypy --strict (`make typecheck`); settings in pyproject.toml [tool.mypy].
 TYPED   ?= preemptible/checkpoint preemptible/queue preemptible/cli/queue.py preemptible/queue_link.py \
-           preemptible/reporters
+           preemptible/reporters preemptible/lightning.py
 
 .PHONY: venv test test-fast lint format typecheck demo demo-checkpoint bench clean
 
