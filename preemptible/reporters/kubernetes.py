@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from preemptible.checkpoint import CheckpointCost
+from preemptible.errors import BackendNotInstalledError, ConfigError
 from preemptible.reporters import Deferred, ReporterDisabled
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -101,14 +102,19 @@ class PodAnnotations:
             from kubernetes import client
             from kubernetes.config.incluster_config import InClusterConfigLoader
         except ImportError as exc:
-            raise RuntimeError("pip install 'preemptible[k8s]' for pod annotations") from exc
+            raise BackendNotInstalledError(
+                "pod annotations need the kubernetes client: pip install 'preemptible[k8s]'"
+            ) from exc
         sa = Path(service_account_dir)
         pod = env.get("POD_NAME") or env.get("HOSTNAME") or ""
         namespace = env.get("POD_NAMESPACE") or ""
         if not namespace and (sa / "namespace").is_file():
             namespace = (sa / "namespace").read_text().strip()
         if not pod or not namespace:
-            raise RuntimeError("set POD_NAME and POD_NAMESPACE (downward API)")
+            raise ConfigError(
+                "the pod's name and namespace are unknown: set POD_NAME and POD_NAMESPACE from "
+                "the downward API"
+            )
         config = client.Configuration()
         loader = InClusterConfigLoader(  # type: ignore[no-untyped-call]
             token_filename=str(sa / "token"), cert_filename=str(sa / "ca.crt"), environ=env
