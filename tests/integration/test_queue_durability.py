@@ -28,7 +28,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -40,6 +39,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from .queue_server import CLI, free_port
 
 KILLS = int(os.environ.get("PREEMPTIBLE_SOAK_KILLS", "100"))
 # About a second per kill on two cores; the long soak outlives the suite's 600 s per test.
@@ -69,7 +70,6 @@ nominal = { gpus = 1 }
 borrowing_limit = { gpus = 2 }
 token = "env:TEST_B_TOKEN"
 """
-CLI = [sys.executable, "-m", "preemptible"]
 ADMIN = "admin-secret"
 TOKENS = {"TEST_ADMIN_TOKEN": ADMIN, "TEST_A_TOKEN": "a-secret", "TEST_B_TOKEN": "b-secret"}
 # One attempt of a job: `saver` saves and exits 143 on SIGTERM, `stubborn` notes it and goes on
@@ -433,12 +433,6 @@ class Soak:
         for a in ordered[:-1]:
             if a.end == "end" and (job_id, a.number) not in killed:
                 raise AssertionError(f"{job_id} finished in attempt {a.number} and ran again")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _alive(pid: int, ticks: int, pgid: int) -> bool:
