@@ -40,12 +40,11 @@ from typing import Any
 
 import httpx
 import torch
-from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from preemptible import Checkpointer
+from preemptible.cli.queue import signals_table
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE / "queue_demo.toml"
@@ -559,29 +558,8 @@ def check_completed(timeline: Timeline, reference: subprocess.Popen[bytes]) -> P
 
 def print_signals(timeline: Timeline) -> None:
     stats = timeline.admin.get("/v1/stats").raise_for_status().json()
-    table = Table(
-        title="the four signals per queue (GET /v1/stats)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        padding=(0, 1),
-    )
-    columns = ("queue", "jobs", "p95 wait", "max wait", "util", "goodput", "preempted")
-    for column in (*columns, "lost each"):
-        table.add_column(column, justify="left" if column == "queue" else "right", no_wrap=True)
-    rows = [*sorted(stats["queues"].items()), ("overall", stats["overall"])]
-    for name, s in rows:
-        table.add_row(
-            name,
-            str(s["jobs"]),
-            seconds(s["p95_wait_s"]),
-            seconds(s["max_wait_s"]),
-            f"{100 * s['utilization']:.0f}%",
-            f"{100 * s['goodput']:.0f}%",
-            f"{s['preemptions']} ({s['preemptions_per_hour']:.0f}/h)",
-            f"{s['lost_gpu_s_per_preemption']:.1f} GPU-s",
-        )
-    console.print(table)
+    console.print("the four signals per queue (GET /v1/stats)")
+    console.print(signals_table(stats))
     console.print(
         "the signals: 1 queue wait, 2 utilisation and goodput (without the work lost), "
         "3 preemptions and the GPU-seconds each lost, 4 the longest wait of the least-served "

@@ -365,11 +365,21 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False) 
     if as_json:
         _print_json(answer)
         return
+    table = signals_table(answer)
+    Console(width=_width()).print(table)
+    typer.echo(
+        f"max wait of the least-served queue: {fmt_duration(answer['max_wait_least_served_s'])}"
+        f" (window {fmt_duration(answer['window_s'])})"
+    )
+
+
+def signals_table(stats: dict[str, Any]) -> Table:
+    """The four signals of a `/v1/stats` answer, one row per queue and one overall."""
     table = Table(box=None, header_style="bold", pad_edge=False)
-    columns = ("QUEUE", "JOBS", "P95 WAIT", "MAX WAIT", "UTIL", "GOODPUT", "PREEMPT/H")
-    for column in (*columns, "LOST GPU-S/PREEMPT"):
+    columns = ("QUEUE", "JOBS", "P95 WAIT", "MAX WAIT", "UTIL", "GOODPUT", "PREEMPTED")
+    for column in (*columns, "PREEMPT/H", "LOST GPU-S/PREEMPT"):
         table.add_column(column, justify="left" if column == "QUEUE" else "right")
-    rows = [*sorted(answer["queues"].items()), ("(overall)", answer["overall"])]
+    rows = [*sorted(stats["queues"].items()), ("(overall)", stats["overall"])]
     for name, s in rows:
         table.add_row(
             name,
@@ -378,14 +388,11 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False) 
             fmt_duration(s["max_wait_s"]),
             f"{100 * s['utilization']:.1f}%",
             f"{100 * s['goodput']:.1f}%",
+            str(s["preemptions"]),
             f"{s['preemptions_per_hour']:.2f}",
-            f"{s['lost_gpu_s_per_preemption']:.0f}",
+            f"{s['lost_gpu_s_per_preemption']:.1f}",
         )
-    Console(width=_width()).print(table)
-    typer.echo(
-        f"max wait of the least-served queue: {fmt_duration(answer['max_wait_least_served_s'])}"
-        f" (window {fmt_duration(answer['window_s'])})"
-    )
+    return table
 
 
 @app.command()
