@@ -78,6 +78,8 @@ HAND_ON_POLL_S = 0.02
 GATHER_S = 0.01
 """The loop's pause after each step, so that a burst of submissions makes one cycle."""
 STATS_WINDOW_S = 86400.0
+MTBP_WINDOW_S = 7 * 86400.0
+"""The mean time between a queue's preemptions (the interval hint's M) is over this window."""
 """The four signals are computed over the last day."""
 RUNNING_STATES = (JobState.RUNNING.value, JobState.PREEMPTING.value)
 
@@ -123,6 +125,8 @@ class QueueManager:
         """When the last cycle asked to run again although nothing changes before then."""
         self.admissions: Counter[str] = Counter()
         self.preemption_counts: Counter[tuple[str, str]] = Counter()
+        self.preempted_at: dict[str, deque[float]] = {q.name: deque() for q in config.queues}
+        """When each queue's jobs were requeued after a notice, oldest first, the last week."""
         self._dirty = True
         self._next_cycle = 0.0
         self._stopping = False
@@ -609,6 +613,7 @@ class QueueManager:
         record.preemptions += 1
         record.last_preempted_at = notice.sent_at
         record.losses.append([now, lost])
+        self.preempted_at[record.queue].append(now)
         record.state = JobState.PENDING.value
         record.pending_since = now
         record.reason = f"requeued: {notice.reason}"
@@ -649,6 +654,9 @@ class QueueManager:
         for job_id, token_hash, doc in self.store.load_jobs():
             self.jobs[job_id] = JobRecord.from_doc(doc)
             self.by_token[token_hash] = job_id
+        lost_at = sorted((t, r.queue) for r in self.jobs.values() for t, _ in r.losses)
+        for at, queue in lost_at:
+            self.preempted_at[queue].append(at)
         self.shell.restore_usage(
             (
                 (record.core_job(), start, None if end < 0 else end)
@@ -762,12 +770,12 @@ class QueueManager:
 
     def _mtbp(self, queue: str, now: float) -> float | None:
         """Mean time between preemptions of `queue` over the last week (None if none)."""
-        since = now - 7 * 86400.0
-        times = [t for r in self.jobs.values() if r.queue == queue for t, _ in r.losses]
-        recent = [t for t in times if t >= since]
-        if not recent:
+        times = self.preempted_at[queue]
+        while times and times[0] < now - MTBP_WINDOW_S:
+            times.popleft()
+        if not times:
             return None
-        return (now - min(recent)) / len(recent)
+        return (now - times[0]) / len(times)
 
     # --- helpers ------------------------------------------------------------------------------
 

@@ -150,6 +150,12 @@ def test_a_borrower_is_noticed_saves_and_is_requeued_and_the_grace_follows_its_e
     assert "reclaims capacity b borrowed" in notice.reason
     back = next(e for e in m.events(job_id=low.id) if e.kind == "requeued")
     assert back.data["killed"] is False and back.data["took_s"] < 3.0
+    # one preemption in queue b: the interval hint is sqrt(2 C M), M from it, after a restart too
+    hint = m.report_cost(low.id, CostView(save_seconds_p95=0.5)).checkpoint_interval_hint_s
+    assert hint is not None and hint > 0
+    m.store.close()
+    again = manager(tmp_path / "state")
+    assert again._mtbp("b", m.clock()) is not None and again._mtbp("a", m.clock()) is None
 
 
 def test_a_job_that_ignores_its_notice_is_killed_at_the_deadline(tmp_path):
