@@ -377,7 +377,7 @@ def signals_table(stats: dict[str, Any]) -> Table:
     """The four signals of a `/v1/stats` answer, one row per queue and one overall."""
     table = Table(box=None, header_style="bold", pad_edge=False)
     columns = ("QUEUE", "JOBS", "P95 WAIT", "MAX WAIT", "UTIL", "GOODPUT", "PREEMPTED")
-    for column in (*columns, "PREEMPT/H", "LOST GPU-S/PREEMPT"):
+    for column in (*columns, "LOST EACH"):  # fits 80 columns
         table.add_column(column, justify="left" if column == "QUEUE" else "right")
     rows = [*sorted(stats["queues"].items()), ("(overall)", stats["overall"])]
     for name, s in rows:
@@ -388,9 +388,8 @@ def signals_table(stats: dict[str, Any]) -> Table:
             fmt_duration(s["max_wait_s"]),
             f"{100 * s['utilization']:.1f}%",
             f"{100 * s['goodput']:.1f}%",
-            str(s["preemptions"]),
-            f"{s['preemptions_per_hour']:.2f}",
-            f"{s['lost_gpu_s_per_preemption']:.1f}",
+            f"{s['preemptions']} ({s['preemptions_per_hour']:.3g}/h)",
+            f"{s['lost_gpu_s_per_preemption']:.1f} GPU-s",
         )
     return table
 
