@@ -18,17 +18,21 @@ so :func:`discover_grace` looks in order at:
    ``terminationGracePeriodSeconds``, so the pod spec sets this variable to the same number.
 4. Otherwise unknown (``None``): callers must treat that as "save as soon as possible".
 
+Each `Grace` also says which setting made it (`Grace.fix`), so that :class:`GraceCheck` can tell
+a job whose saves outgrew its grace exactly what to change, in the scheduler's own words.
+
 The parsers of ``scontrol -o`` output are pure functions so that they are tested on real output.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from preemptible.env import seconds_from_env
@@ -42,6 +46,10 @@ SLURM_SIGNAL_ENV = "PREEMPTIBLE_SLURM_SIGNAL_SECONDS"
 
 POD_GRACE_ENV = "PREEMPTIBLE_POD_GRACE_SECONDS"
 """Set by the pod spec to its ``terminationGracePeriodSeconds`` (Kubernetes does not expose it)."""
+
+GRACE_SAFETY = 1.5
+"""A grace shorter than this many saves (p95) is warned about: a save on a busy disk or a loaded
+network is slower than the usual one, and the final save also waits for the step in progress."""
 
 SCONTROL_TIMEOUT_SECS = 3.0
 """A slow slurmctld must not delay the start of training by more than this."""
@@ -63,9 +71,26 @@ class Grace:
     seconds: float | None
     """Seconds from a notice to the kill; None when unknown."""
     source: str
-    """One of "argument", "PREEMPTIBLE_GRACE_SECONDS", "slurm", "kubernetes", "unknown"."""
+    """One of "argument", "PREEMPTIBLE_GRACE_SECONDS", "slurm", "kubernetes", "queue manager",
+    "unknown"."""
     not_after: float | None = None
     """Wall-clock time (epoch seconds) no deadline can pass: the SLURM job's EndTime."""
+    fix: str = field(default="", compare=False)
+    """The setting that gives this grace, as advice with ``{n}`` for the seconds wanted."""
+
+    def advice(self, seconds: int) -> str:
+        """What to set so that the grace becomes ``seconds``."""
+        return self.fix.format(n=seconds) if self.fix else f"a grace period of {seconds} s"
+
+
+def _fix_for(source: str) -> str:
+    return {
+        GRACE_ENV: f"{GRACE_ENV}={{n}} (and the scheduler's real grace period to match)",
+        "kubernetes": (
+            "terminationGracePeriodSeconds: {n} in the pod spec, with the "
+            f"preemptible.dev/grace-seconds annotation ({POD_GRACE_ENV}) to match"
+        ),
+    }.get(source, "")
 
 
 def discover_grace(env: Mapping[str, str], *, runner: Runner | None = None) -> Grace:
@@ -84,14 +109,54 @@ def discover_grace(env: Mapping[str, str], *, runner: Runner | None = None) -> G
     explicit = seconds_from_env(env, GRACE_ENV)
     pod = seconds_from_env(env, POD_GRACE_ENV)  # validated even when unused: a typo fails early
     if explicit is not None:
-        return Grace(seconds=explicit, source=GRACE_ENV)
+        return Grace(seconds=explicit, source=GRACE_ENV, fix=_fix_for(GRACE_ENV))
     if env.get("SLURM_JOB_ID"):
         grace = _slurm_grace(env, runner or _run)
         if grace.seconds is not None or grace.not_after is not None:
             return grace
     if pod is not None:
-        return Grace(seconds=pod, source="kubernetes")
+        return Grace(seconds=pod, source="kubernetes", fix=_fix_for("kubernetes"))
     return Grace(seconds=None, source="unknown")
+
+
+class GraceCheck:
+    """Warns when the grace period is shorter than ``safety`` saves, and says what to change.
+
+    Called at start (with the save time of the checkpoint restored) and after each measured
+    save. It warns once per problem: again only when the grace changed or the time wanted grew
+    by more than a quarter, so a job whose saves slowly grow does not log every save.
+    """
+
+    def __init__(self, safety: float = GRACE_SAFETY):
+        if not (math.isfinite(safety) and safety >= 1):
+            raise ConfigError(f"grace safety must be a finite number >= 1, got {safety!r}")
+        self.safety = safety
+        self._warned: tuple[float, str, int] | None = None
+
+    def __call__(self, grace: Grace, save_seconds: float, *, measured: str) -> str | None:
+        """A warning, or None when the grace is enough, unknown or already warned about.
+
+        Args:
+            grace: the grace period the job has.
+            save_seconds: how long a save takes.
+            measured: what `save_seconds` is, for the message ("p95 of 12 saves").
+        """
+        wanted = self.safety * save_seconds
+        if grace.seconds is None or grace.seconds >= wanted:
+            self._warned = None
+            return None
+        n = math.ceil(wanted)
+        if self._warned is not None:
+            seconds, source, warned_n = self._warned
+            if (seconds, source) == (grace.seconds, grace.source) and n <= 1.25 * warned_n:
+                return None
+        self._warned = (grace.seconds, grace.source, n)
+        return (
+            f"The grace period is {grace.seconds:g} s (from {grace.source}), but a save takes "
+            f"{save_seconds:.1f} s ({measured}) and a notice should leave {self.safety:g} times "
+            f"that, {n} s: a notice now could cut off the final checkpoint. Set "
+            f"{grace.advice(n)}, or make saves cheaper."
+        )
 
 
 def parse_scontrol_record(text: str) -> dict[str, str]:
@@ -156,10 +221,12 @@ def _is_signal_name(name: str) -> bool:
 
 
 def _slurm_grace(env: Mapping[str, str], runner: Runner) -> Grace:
-    candidates: list[float] = []
+    candidates: list[tuple[float, str]] = []
     lead = _slurm_signal_seconds(env)
     if lead is not None:
-        candidates.append(lead)
+        candidates.append(
+            (lead, "sbatch --signal=B:USR1@{n} (with SBATCH_SIGNAL=B:USR1@{n}, so the job sees it)")
+        )
     job_id = env["SLURM_JOB_ID"]
     job_text = runner(["scontrol", "show", "job", "-o", job_id], SCONTROL_TIMEOUT_SECS)
     job = parse_scontrol_record(job_text) if job_text else {}
@@ -170,9 +237,17 @@ def _slurm_grace(env: Mapping[str, str], runner: Runner) -> Grace:
         part_text = runner(argv, SCONTROL_TIMEOUT_SECS)
         grace_time = parse_grace_time(part_text) if part_text else None
         if grace_time is not None:
-            candidates.append(grace_time)
-    seconds = min(candidates) if candidates else None
-    return Grace(seconds=seconds, source="slurm", not_after=end_at)
+            candidates.append(
+                (
+                    grace_time,
+                    f"GraceTime={{n}} on partition {partition} (slurm.conf, or `scontrol update "
+                    f"PartitionName={partition} GraceTime={{n}}`)",
+                )
+            )
+    if not candidates:
+        return Grace(seconds=None, source="slurm", not_after=end_at)
+    seconds, fix = min(candidates)
+    return Grace(seconds=seconds, source="slurm", not_after=end_at, fix=fix)
 
 
 def _slurm_signal_seconds(env: Mapping[str, str]) -> float | None:

@@ -140,15 +140,14 @@ def parse_signal_list(raw: str, name: str = "signal list") -> tuple[signal.Signa
     return tuple(result)
 
 
-def check_signal_setup(
-    run_env: RunEnv, save_seconds_p95: float | None, *, grace_seconds: float | None = None
-) -> list[str]:
+def check_signal_setup(run_env: RunEnv, save_seconds_p95: float | None) -> list[str]:
     """Warn about launch setups that lose the final checkpoint; each warning says how to fix it.
+
+    Whether the grace period fits a save is :class:`preemptible.deadline.GraceCheck`'s job.
 
     Args:
         run_env: The environment, from :meth:`RunEnv.from_env`.
         save_seconds_p95: Measured p95 of a synchronous save, if known.
-        grace_seconds: The grace period the guard expects, if known.
 
     Returns:
         Human-readable warnings; empty when nothing is known to be wrong.
@@ -182,13 +181,6 @@ def check_signal_setup(
             "`preemptible launch -- torchrun ...` (translates USR1 into SIGTERM, which torchrun "
             "forwards), or use `--signal=B:USR1` with a batch script that traps USR1 and sends "
             "SIGTERM to torchrun."
-        )
-    if grace_seconds is not None and save is not None and grace_seconds < save:
-        warnings.append(
-            f"The grace period ({grace_seconds:g}s) is shorter than a save "
-            f"({save:.1f}s p95): a notice arriving now would lose work. Ask for "
-            "a longer grace (PREEMPTIBLE_GRACE_SECONDS, SLURM GraceTime or --signal lead "
-            "time, terminationGracePeriodSeconds) or make saves cheaper."
         )
     return warnings
 

@@ -25,6 +25,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from preemptible.checkpoint import CheckpointCost, Checkpointer
 from preemptible.cost import COST_FILE_ENV, write_cost_file
+from preemptible.deadline import GRACE_SAFETY, GraceCheck
 from preemptible.elastic import StepAgreement
 from preemptible.env import RunEnv, check_signal_setup
 from preemptible.errors import ConfigError, PreemptibleError
@@ -63,6 +64,8 @@ class Context:
             (``$PREEMPTIBLE_QUEUE_URL``...), on rank 0 only, or none.
         reporters: where else the cost goes (pod annotations, SLURM comment, Prometheus);
             default: what the environment offers (`preemptible.reporters.from_env`), rank 0 only.
+        grace_safety: warn when the grace period is shorter than this many saves (p95), at
+            start and after each save, saying which setting to change.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Context:
         checkpointer: Checkpointer | None = None,
         queue_link: QueueLink | None = None,
         reporters: Reporters | None = None,
+        grace_safety: float = GRACE_SAFETY,
     ):
         if interval not in (None, "auto"):
             raise ConfigError(f"interval must be None or 'auto', got {interval!r}")
@@ -121,6 +125,7 @@ class Context:
         self._started = False
         self._in_step = False
         self._warned_setup = False
+        self._grace_check = GraceCheck(grace_safety)
 
     # --- registration and state ---------------------------------------------------------------
 
@@ -199,7 +204,17 @@ class Context:
             self.restore_seconds = time.perf_counter() - started
             self._last_saved_step = self.resumed_from
             log.info("resumed from step %d in %.2f s", self.resumed_from, self.restore_seconds)
+            self._check_grace_at_start(self.resumed_from)
         self._last_save_at = time.monotonic()
+
+    def _check_grace_at_start(self, step: int) -> None:
+        """Before the first save of this run, the restored checkpoint's save time is the
+        best estimate of the next one."""
+        if self.run_env.rank != 0:
+            return
+        info = next((i for i in self.checkpointer.list() if i.step == step), None)
+        if info is not None and info.save_seconds > 0:
+            self._check_grace(info.save_seconds, f"the save of step {step}, in an earlier run")
 
     def _queue_notice(self, notice: QueueNotice) -> None:
         """The manager's notice (from the watcher thread): stop at the next step boundary."""
@@ -207,7 +222,12 @@ class Context:
 
     def _queue_terms(self, terms: Terms) -> None:
         """The manager's answer to a cost report (from the reporter thread)."""
-        self.guard.set_grace(terms.grace_s, "queue manager")
+        self.guard.set_grace(
+            terms.grace_s,
+            "queue manager",
+            fix='grace_max = "{n}s" or more in the queue config\'s [preemption] (the manager '
+            "grants no more; ask its admin)",
+        )
         self.schedule.hint_seconds = terms.interval_hint_s
 
     def _at_boundary(self, step: int) -> None:
@@ -275,11 +295,19 @@ class Context:
             self.queue_link.report(cost)  # not before a save is measured: 0 s would be a lie
         if self.reporters is not None and cost.save.count:
             self.reporters.report(cost)  # returns at once: they run on their own thread
+        if cost.save.count:
+            self._check_grace(cost.save.p95, f"p95 of {cost.save.count} saves")
         if not self._warned_setup:
             self._warned_setup = True
-            grace = self.guard.grace_seconds
-            for warning in check_signal_setup(self.run_env, cost.save.p95, grace_seconds=grace):
+            for warning in check_signal_setup(self.run_env, cost.save.p95):
                 log.warning(warning)
+
+    def _check_grace(self, save_seconds: float, measured: str) -> None:
+        if self.run_env.rank != 0:
+            return  # every rank has the same grace: one warning is enough
+        warning = self._grace_check(self.guard.grace, save_seconds, measured=measured)
+        if warning is not None:
+            log.warning(warning)
 
     def close(self) -> None:
         """Wait for a save in flight, remove the signal handlers, stop talking to the manager."""

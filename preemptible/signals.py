@@ -217,13 +217,14 @@ class PreemptionGuard:
         self._notices.append(Notice(None, self._clock(), reason, deadline))
         self._event.set()
 
-    def set_grace(self, seconds: float, source: str) -> None:
+    def set_grace(self, seconds: float, source: str, *, fix: str = "") -> None:
         """A grace better informed than the environment's (the one the queue manager
-        negotiated) replaces it; a grace given to the constructor still wins."""
+        negotiated) replaces it; a grace given to the constructor still wins. ``fix`` says
+        what would lengthen it (see :attr:`preemptible.deadline.Grace.fix`)."""
         if not (0 <= seconds < float("inf")):
             raise ConfigError(f"grace seconds must be a finite number >= 0, got {seconds!r}")
         if self._explicit_grace is None:
-            self._grace = Grace(seconds=seconds, source=source)
+            self._grace = Grace(seconds=seconds, source=source, fix=fix)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until a notice arrives or ``timeout`` seconds pass; True if one has arrived."""
@@ -264,6 +265,11 @@ class PreemptionGuard:
     # --- deadline -----------------------------------------------------------------------------
 
     @property
+    def grace(self) -> Grace:
+        """The grace period, where it came from and what sets it."""
+        return self._ensure_grace()
+
+    @property
     def grace_seconds(self) -> float | None:
         """The grace period: the argument, else discovered from the environment, else None."""
         return self._ensure_grace().seconds
@@ -298,7 +304,9 @@ class PreemptionGuard:
     def _ensure_grace(self) -> Grace:
         if self._grace is None:
             if self._explicit_grace is not None:
-                self._grace = Grace(seconds=self._explicit_grace, source="argument")
+                self._grace = Grace(
+                    seconds=self._explicit_grace, source="argument", fix="grace_seconds={n}"
+                )
             else:
                 self._grace = discover_grace(os.environ if self._env is None else self._env)
         return self._grace

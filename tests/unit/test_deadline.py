@@ -8,6 +8,7 @@ import pytest
 
 from preemptible.deadline import (
     Grace,
+    GraceCheck,
     _run,
     discover_grace,
     parse_end_time,
@@ -231,3 +232,45 @@ def test_a_failing_or_hanging_command_means_unknown():
     assert _run(["false"], 1.0) is None
     assert _run(["sleep", "5"], 0.2) is None
     assert _run(["echo", "GraceTime=5"], 1.0) == "GraceTime=5\n"
+
+
+# --- the grace check ---------------------------------------------------------------------------
+
+
+def test_a_short_slurm_grace_time_names_the_partition_setting_and_both_numbers():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_PARTITION": "batch", "SBATCH_SIGNAL": "B:USR1@300"}
+    grace = discover_grace(env, runner=FakeScontrol())
+    warning = GraceCheck()(grace, 30.2, measured="p95 of 4 saves")
+    assert warning is not None
+    assert "20 s" in warning and "30.2 s (p95 of 4 saves)" in warning
+    assert "GraceTime=46 on partition batch" in warning
+    assert "scontrol update PartitionName=batch GraceTime=46" in warning
+
+
+def test_a_short_signal_lead_time_names_the_sbatch_option():
+    env = {"SLURM_JOB_ID": "7", "SBATCH_SIGNAL": "B:USR1@10"}
+    grace = discover_grace(env, runner=FakeScontrol())
+    warning = GraceCheck(safety=2)(grace, 8.0, measured="p95 of 3 saves")
+    assert warning is not None and "--signal=B:USR1@16" in warning and "SBATCH_SIGNAL" in warning
+
+
+def test_a_short_pod_grace_names_termination_grace_period_seconds():
+    grace = discover_grace({"PREEMPTIBLE_POD_GRACE_SECONDS": "30"}, runner=never_called)
+    warning = GraceCheck()(grace, 25.0, measured="p95 of 2 saves")
+    assert warning is not None and "terminationGracePeriodSeconds: 38" in warning
+
+
+def test_the_grace_check_warns_once_per_problem_and_again_when_it_grows():
+    check = GraceCheck()
+    grace = Grace(seconds=10.0, source="argument", fix="grace_seconds={n}")
+    assert check(grace, 5.0, measured="x") is None  # 7.5 s wanted: enough
+    assert check(grace, 10.0, measured="x") is not None
+    assert check(grace, 10.5, measured="x") is None  # the same problem, a little worse
+    assert check(grace, 14.0, measured="x") is not None  # wanted grew by more than a quarter
+    assert check(Grace(seconds=12.0, source="argument"), 14.0, measured="x") is not None
+    assert check(Grace(seconds=None, source="unknown"), 100.0, measured="x") is None
+
+
+def test_the_safety_factor_must_be_at_least_one():
+    with pytest.raises(ConfigError, match="safety"):
+        GraceCheck(safety=0.5)

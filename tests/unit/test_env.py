@@ -141,9 +141,3 @@ def test_torchrun_not_handling_sigterm_is_a_warning():
     env = {**TORCHRUN_WORKER, "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGINT"}
     (warning,) = check_signal_setup(RunEnv.from_env(env), None)
     assert "does not handle SIGTERM" in warning and "--signals-to-handle" in warning
-
-
-def test_a_grace_shorter_than_the_save_is_a_warning():
-    (warning,) = check_signal_setup(RunEnv(), 20.0, grace_seconds=15.0)
-    assert "15s" in warning and "20.0s" in warning
-    assert check_signal_setup(RunEnv(), 20.0, grace_seconds=60.0) == []

@@ -14,7 +14,7 @@ from preemptible.errors import ConfigError
 
 
 def make_train(root, seen: list[int], **options):
-    @preemptible(root, every_steps=100, **options)
+    @preemptible(root, **{"every_steps": 100, **options})
     def train(ctx: Context, total: int = 8, stop_at: int | None = None) -> list[float]:
         torch.manual_seed(0)
         model = torch.nn.Linear(3, 1)
@@ -168,5 +168,30 @@ def test_a_grace_shorter_than_the_measured_save_is_warned_about(tmp_path, monkey
     monkeypatch.setenv("PREEMPTIBLE_GRACE_SECONDS", "0.000001")  # shorter than any real save
     seen: list[int] = []
     with caplog.at_level(logging.WARNING, logger="preemptible"):
-        make_train(tmp_path, seen, async_save=False)(total=2)
-    assert "The grace period (1e-06s) is shorter than a save" in caplog.text
+        make_train(tmp_path, seen, every_steps=1, async_save=False)(total=3)
+    warnings = [r.message for r in caplog.records if "The grace period" in r.message]
+    assert len(warnings) == 1  # once per problem, not once per save
+    assert "1e-06 s (from PREEMPTIBLE_GRACE_SECONDS)" in warnings[0]
+    assert "(p95 of 1 saves)" in warnings[0] and "Set PREEMPTIBLE_GRACE_SECONDS=1 " in warnings[0]
+
+
+def test_a_restart_checks_the_grace_against_the_save_of_the_checkpoint_it_resumed(
+    tmp_path, monkeypatch, caplog
+):
+    make_train(tmp_path, [], async_save=False)(total=2)  # leaves step 1
+    monkeypatch.setenv("PREEMPTIBLE_GRACE_SECONDS", "0.000001")
+    with caplog.at_level(logging.WARNING, logger="preemptible"), pytest.raises(SystemExit):
+        make_train(tmp_path, [], async_save=False)(total=4, stop_at=2)
+    first = next(r for r in caplog.records if "The grace period" in r.message)
+    assert "the save of step 1, in an earlier run" in first.message
+
+
+def test_a_negotiated_grace_that_is_too_short_points_at_the_queue_config(tmp_path):
+    from preemptible.deadline import GraceCheck
+    from preemptible.queue_link import Terms
+
+    ctx = Context(tmp_path, every_steps=1)
+    ctx._queue_terms(Terms(grace_s=60.0, min_runtime_s=600.0, interval_hint_s=None))
+    warning = GraceCheck()(ctx.guard.grace, 50.0, measured="p95 of 9 saves")
+    assert warning is not None and "(from queue manager)" in warning
+    assert 'grace_max = "75s" or more' in warning
