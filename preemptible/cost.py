@@ -1,31 +1,44 @@
 """The cost file: measured checkpoint costs, where a scheduler or sidecar can read them.
 
 Written atomically (temp file in the same directory, fsync, ``os.replace``) after every save, so
-a reader never sees half a file. Fields: `docs/design.md` (SDK, cost).
+a reader never sees half a file: it opens either the old file or the new one. Fields:
+`docs/design.md` (SDK, cost). `read_cost_file` is the inverse, for the sidecar
+(`preemptible.sidecar`), which runs in another container and has only the file.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from preemptible.checkpoint import CheckpointCost
+from preemptible.checkpoint.stats import CheckpointCost, Summary
+from preemptible.errors import ConfigError
 
 COST_FILE_ENV = "PREEMPTIBLE_COST_FILE"
+
+_FIX = "it is written by preemptible's Context (write_cost_file): let nothing else write there"
 
 
 def write_cost_file(
     path: str | os.PathLike[str], cost: CheckpointCost, *, now: float | None = None
 ) -> None:
-    """Atomically replace ``path`` with the JSON of ``cost``."""
+    """Atomically replace ``path`` with the JSON of ``cost``, readable by every user.
+
+    Readable by all (0644, where `tempfile.mkstemp` gives 0600): the sidecar that reads it may
+    run as another user than the trainer, and the file holds no secret.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     payload = json.dumps(cost.to_json(updated_at=now if now is not None else time.time()), indent=1)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w") as f:
             f.write(payload)
             f.flush()
@@ -34,3 +47,90 @@ def write_cost_file(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_cost_file(path: str | os.PathLike[str]) -> CheckpointCost:
+    """The cost that `write_cost_file` wrote to ``path``.
+
+    The file keeps fewer numbers than `CheckpointCost`: what it does not hold (the last stall,
+    the mean and p95 of restores, the sample counts of stalls and restores) reads back as 0.
+    The fields `docs/design.md` promises are required; ``save_seconds_mean``,
+    ``save_seconds_last`` and ``stall_seconds_mean`` are read when present.
+
+    Raises:
+        FileNotFoundError: there is no file (yet: the trainer writes it after its first save).
+        ConfigError: the file is not a cost file (not JSON, a field missing or of a wrong type).
+    """
+    where = Path(path)
+    try:
+        data = json.loads(where.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cost file {where} is not JSON ({exc}); {_FIX}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"cost file {where} holds a JSON {type(data).__name__}, not an object; {_FIX}"
+        )
+    fields = _Fields(where, data)
+    save = Summary(
+        last=fields.seconds("save_seconds_last", required=False),
+        mean=fields.seconds("save_seconds_mean", required=False),
+        p95=fields.seconds("save_seconds_p95"),
+        count=fields.count("samples"),
+    )
+    return CheckpointCost(
+        save=save,
+        stall=Summary(
+            mean=fields.seconds("stall_seconds_mean", required=False),
+            p95=fields.seconds("stall_seconds_p95"),
+        ),
+        persist=save,
+        restore=Summary(last=fields.seconds("restore_seconds")),
+        bytes=fields.count("bytes"),
+        last_checkpoint_step=fields.optional_count("last_checkpoint_step"),
+        last_checkpoint_time=fields.optional_seconds("last_checkpoint_time"),
+    )
+
+
+class _Fields:
+    """Typed access to the cost file's fields; every mistake names the file and the field."""
+
+    def __init__(self, path: Path, data: Mapping[str, Any]) -> None:
+        self.path, self.data = path, data
+
+    def _bad(self, key: str, wanted: str) -> ConfigError:
+        if key not in self.data:
+            return ConfigError(f"cost file {self.path} has no field {key!r}; {_FIX}")
+        got = json.dumps(self.data[key])[:40]
+        return ConfigError(f"cost file {self.path}: {key!r} must be {wanted}, got {got}; {_FIX}")
+
+    def optional_seconds(self, key: str) -> float | None:
+        value = self.data.get(key)
+        if value is None and key in self.data:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self._bad(key, "a number of seconds or null")
+        if not math.isfinite(value) or value < 0:
+            raise self._bad(key, "a finite number >= 0")
+        return float(value)
+
+    def seconds(self, key: str, *, required: bool = True) -> float:
+        if not required and key not in self.data:
+            return 0.0
+        value = self.optional_seconds(key)
+        if value is None:
+            raise self._bad(key, "a number of seconds")
+        return value
+
+    def optional_count(self, key: str) -> int | None:
+        value = self.data.get(key)
+        if value is None and key in self.data:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self._bad(key, "an integer >= 0 or null")
+        return value
+
+    def count(self, key: str) -> int:
+        value = self.optional_count(key)
+        if value is None:
+            raise self._bad(key, "an integer >= 0")
+        return value
