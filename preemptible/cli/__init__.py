@@ -7,6 +7,7 @@ import typer
 from preemptible.cli.ckpt import app as ckpt_app
 from preemptible.cli.launch import LAUNCH_CONTEXT, launch_command
 from preemptible.cli.queue import app as queue_app
+from preemptible.cli.sidecar import sidecar_command
 from preemptible.cli.sim import app as sim_app
 
 app = typer.Typer(
@@ -20,6 +21,7 @@ app.add_typer(ckpt_app, name="ckpt")
 app.add_typer(sim_app, name="sim")
 app.add_typer(queue_app, name="queue")
 app.command("launch", context_settings=LAUNCH_CONTEXT)(launch_command)
+app.command("sidecar")(sidecar_command)
 
 
 @app.command()

@@ -7,3 +7,4 @@ def test_preemptible_help_lists_subcommands():
         [sys.executable, "-m", "preemptible", "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert "ckpt" in out
+    assert "sidecar" in out
