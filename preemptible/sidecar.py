@@ -3,7 +3,7 @@
 The trainer writes its measured cost to a file on a volume it shares with this container
 (`preemptible.cost`); the sidecar watches the file and hands each new cost to the reporters
 (`preemptible.reporters`). So the trainer needs no API credentials: only the sidecar mounts a
-service-account token, and its RBAC allows nothing but ``get`` and ``patch`` on pods
+service-account token, and its RBAC allows nothing but ``patch`` on pods
 (`integrations/kubernetes/`). The alternative, the trainer patching its own pod, gives the
 training code, and everything it imports, a token.
 
@@ -14,7 +14,7 @@ read never sees half a file. A file that is missing (the trainer has not saved y
 quietly; one that cannot be read is logged once and the last good values stay.
 
 Stopping: SIGTERM or SIGINT sets a flag and writes a byte to a pipe the loop waits on, so the
-handler takes no lock (an `threading.Event` set from a handler can deadlock on its own lock) and
+handler takes no lock (a `threading.Event` set from a handler can deadlock on its own lock) and
 the loop wakes at once; the reporters and the ``/metrics`` server are then closed.
 """
 
