@@ -4,7 +4,7 @@ Four parts, each selectable with ``--parts``:
 
 - ``submit``: N jobs through ``POST /v1/jobs`` of a real ``preemptible queue serve``, from one
   client (keep-alive) and from 16 at once; then the same number of ``sbatch --wrap true`` to a
-  one-node SLURM (``benchmarks/slurm/setup_slurm.sh``), one process at a time and 16 at once.
+  one-node SLURM (``integrations/slurm/local/start.sh``), one process at a time and 16 at once.
   Both clusters are full: one ``sleep`` job holds every GPU and the submitted 1-GPU jobs wait
   behind it (ours at a lower tier, which never preempts), so nothing is launched and both
   schedulers see their queue grow.

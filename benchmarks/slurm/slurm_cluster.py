@@ -1,8 +1,9 @@
 """A one-node SLURM for benchmarks/queue_service.py: start, fill, submit, crash, recover.
 
-The cluster is the one `setup_slurm.sh` (next to this file) makes: munged, slurmctld and
-slurmd as root, 4 CPUs and 4 fake GPUs, `StateSaveLocation=/var/spool/slurmctld`;
-`stop_slurm.sh` cancels every job and stops the daemons.
+The cluster is the one `integrations/slurm/local/start.sh` makes with the policy in
+`partitions.conf` (next to this file): munged, slurmctld and slurmd as root, 4 CPUs and 4 fake
+GPUs, `StateSaveLocation=/var/spool/slurmctld`; `stop.sh` cancels every job and stops the
+daemons.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+LOCAL = HERE.parents[1] / "integrations" / "slurm" / "local"
 
 
 def sh(*argv: str, timeout: float = 60, check: bool = True) -> str:
@@ -30,7 +32,7 @@ def missing() -> str | None:
     if not all(shutil.which(b) for b in ("sbatch", "squeue", "scontrol", "slurmctld", "slurmd")):
         return "SLURM is not installed (apt-get install slurmctld slurmd slurm-client munge)"
     if os.geteuid() != 0:
-        return "the one-node SLURM is started as root (benchmarks/slurm/setup_slurm.sh)"
+        return "the one-node SLURM is started as root (integrations/slurm/local/start.sh)"
     if up():
         return "a SLURM controller is already running; stop it first (this starts its own)"
     return None
@@ -44,11 +46,11 @@ def up() -> bool:
 
 
 def start() -> None:
-    sh(str(HERE / "setup_slurm.sh"), timeout=120)
+    sh(str(LOCAL / "start.sh"), str(HERE / "partitions.conf"), timeout=300)
 
 
 def stop() -> None:
-    sh(str(HERE / "stop_slurm.sh"), timeout=180, check=False)
+    sh(str(LOCAL / "stop.sh"), timeout=180, check=False)
 
 
 def controller_pid() -> int:

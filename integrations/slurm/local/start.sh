@@ -1,12 +1,37 @@
 #!/bin/bash
-# Single-node SLURM 22.05 (Debian 12) test cluster: munge + slurmctld + slurmd as root, no systemd.
-# Used by benchmarks/queue_service.py (stop it with stop_slurm.sh); SLURMCTLD_DEBUG (default debug)
-# sets slurmctld's log level.
+# A one-node SLURM 22.05 (Debian 12) on this machine: munge, slurmctld and slurmd as root, no
+# systemd, 4 CPUs and 4 fake GPUs. For trying the integration and for our tests; not for production.
+#
+#   integrations/slurm/local/start.sh POLICY.conf     # e.g. the output of
+#                                                     # `preemptible queue export --to slurm`
+#   integrations/slurm/local/stop.sh
+#
+# POLICY.conf holds the scheduling policy (SchedulerType, Preempt*, RequeueExit, Priority*,
+# SlurmctldParameters) and the partitions with Nodes=ALL; this script writes the rest: the
+# daemons, the node and its GPUs. Installs slurmctld, slurmd, slurm-client and munge with apt when
+# they are missing. Starts from a clean state (no jobs), so stop.sh first if one is running.
+# SLURMCTLD_DEBUG (default debug) sets slurmctld's log level; PROCTRACK (default cgroup) the
+# process tracking: cgroup kills every process of a job, linuxproc loses the ones that escape
+# their parent (docs/schedulers.md).
 set -euo pipefail
+POLICY=${1:?usage: start.sh POLICY.conf (e.g. from preemptible queue export --to slurm)}
+[ -r "$POLICY" ] || { echo "start.sh: cannot read $POLICY" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "start.sh: run as root (the daemons run as root here)" >&2; exit 2; }
+MARK="# Written by preemptible's integrations/slurm/local/start.sh"
+if [ -s /etc/slurm/slurm.conf ] && ! grep -qxF "$MARK" /etc/slurm/slurm.conf && [ "${FORCE:-0}" != 1 ]; then
+  echo "start.sh: /etc/slurm/slurm.conf was not written by this script; not replacing it" \
+       "(move it away, or FORCE=1)" >&2
+  exit 2
+fi
 FAKEGPU_DIR=${FAKEGPU_DIR:-/run/slurm-fakegpu}
-# cgroup (v1 freezer; works on this machine kind) kills every process of a job; linuxproc loses orphans (see 4.6)
 PROCTRACK=${PROCTRACK:-cgroup}
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null \
+   || ! command -v sbatch >/dev/null; then
+  echo "installing slurmctld slurmd slurm-client munge (apt)"
+  install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    slurmctld slurmd slurm-client munge >/dev/null; }
+  install || { apt-get update -q >/dev/null && install; }
+fi
 mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge "$FAKEGPU_DIR"
 chown munge:munge /run/munge; chmod 0755 /run/munge
 # the munge package's postinst creates /etc/munge/munge.key; make one if it is missing
@@ -14,6 +39,7 @@ chown munge:munge /run/munge; chmod 0755 /run/munge
 # 4 fake GPUs: slurmd insists that gres File= entries are character/block devices -> clones of /dev/null
 for i in 0 1 2 3; do [ -c "$FAKEGPU_DIR/nvidia$i" ] || mknod "$FAKEGPU_DIR/nvidia$i" c 1 3; done
 cat > /etc/slurm/slurm.conf <<CONF
+$MARK
 ClusterName=local
 SlurmctldHost=localhost
 SlurmUser=root
@@ -36,7 +62,6 @@ ProctrackType=proctrack/${PROCTRACK}
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-SchedulerType=sched/backfill
 # main scheduler and backfill every 2 s (defaults 60 s / 30 s) so preemption and restarts are quick
 SchedulerParameters=sched_interval=2,bf_interval=2
 MpiDefault=none
@@ -48,22 +73,13 @@ ReturnToService=2
 # accept the CPU count and GRES below although the box has 2 cores and no GPU
 SlurmdParameters=config_overrides
 GresTypes=gpu
-PreemptType=preempt/partition_prio
-PreemptMode=REQUEUE
-# jobs younger than this are never picked for preemption (0 = off)
-PreemptExemptTime=${PREEMPT_EXEMPT_TIME:-00:00:00}
-# at preemption, send the job's --signal (e.g. B:USR1) at once, instead of SIGTERM to its steps
-SlurmctldParameters=preempt_send_user_signal
-JobRequeue=1
-# a batch job that exits 85 is requeued automatically
-RequeueExit=85
 # seconds between SIGTERM and SIGKILL when a job is ended (cancel, time limit, end of GraceTime)
 KillWait=10
 MessageTimeout=10
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=4 Boards=1 SocketsPerBoard=1 CoresPerSocket=4 ThreadsPerCore=1 RealMemory=1000 Gres=gpu:4 State=UNKNOWN
-PartitionName=batch       Nodes=localhost Default=YES PriorityTier=1  PreemptMode=REQUEUE GraceTime=20 MaxTime=INFINITE State=UP
-PartitionName=interactive Nodes=localhost Default=NO  PriorityTier=10 PreemptMode=OFF     MaxTime=INFINITE State=UP
+# --- the policy: $POLICY
 CONF
+cat "$POLICY" >> /etc/slurm/slurm.conf
 cat > /etc/slurm/cgroup.conf <<CONF
 CgroupPlugin=cgroup/v1
 CgroupAutomount=no
