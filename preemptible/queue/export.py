@@ -410,10 +410,14 @@ def slurm_conf(config: QueueConfig) -> str:
         "One partition per tier: a job picks its tier with -p <tier>. A higher PriorityTier "
         "is scheduled first and preempts lower ones (requeue after GraceTime).",
         "",
+        "At preemption the batch shell gets the job's --signal at once "
+        "(preempt_send_user_signal; merge it into an existing SlurmctldParameters line), and "
+        "a job that exits 85 after saving is requeued (RequeueExit); one that exits 0 in its "
+        "grace would be COMPLETED. integrations/slurm/train.sbatch does both.",
+        "",
         "Not expressed here:",
         f"- The negotiated grace: GraceTime is the largest grant ({grace}s = grace_max); a job "
-        "that saved sooner exits sooner. The SIGTERM goes to job steps, so run the trainer "
-        "under srun; exit 85 after saving (RequeueExit) so that the job is requeued.",
+        "that saved sooner exits sooner.",
         f"- The per-job minimum runtime (multiple {pre.min_runtime_multiple:g} of save + "
         "restore): PreemptExemptTime is the flat min_runtime. The cooldown and the "
         "per-queue preemption budget: none.",
@@ -435,6 +439,7 @@ def slurm_conf(config: QueueConfig) -> str:
             "PreemptType=preempt/partition_prio",
             "PreemptMode=REQUEUE",
             f"PreemptExemptTime={_slurm_time(pre.min_runtime_s)}",
+            "SlurmctldParameters=preempt_send_user_signal",
             "JobRequeue=1",
             "RequeueExit=85",
         ]
