@@ -9,6 +9,15 @@ worker. ``--kill-after`` bounds the wait with a SIGKILL to the group. The launch
 child's exit status (``128 + signum`` when the child was killed by a signal), so SLURM's
 ``RequeueExit`` and shell conventions keep working.
 
+The launcher is also a *child subreaper* (Linux): a process that outlives its parent is adopted
+by the launcher rather than by init. torchrun starts its workers in sessions of their own and,
+on a third SIGTERM (SLURM sends several), exits without killing them; under SLURM's
+``proctrack/linuxproc``, which finds a job's processes by their parents, such orphans escaped the
+job and ran on beside its requeued successor. Adopted, they stay in the job's process tree, and
+when the command has exited the launcher sends them SIGTERM, then SIGKILL after
+``ORPHAN_GRACE_SECS`` (or at the ``--kill-after`` deadline, if sooner), and exits only when they
+are gone.
+
 The handlers only call ``os.killpg`` (a system call) and record the time; the main thread polls
 the child, so a signal can never interrupt a half-done bookkeeping step.
 """
@@ -16,9 +25,11 @@ the child, so a signal can never interrupt a half-done bookkeeping step.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,6 +48,11 @@ DEFAULT_TRANSLATED: tuple[signal.Signals, ...] = (signal.SIGUSR1,)
 
 POLL_INTERVAL_SECS = 0.05
 """How often the launcher checks the child and the kill-after deadline."""
+
+ORPHAN_GRACE_SECS = 5.0
+"""How long processes that outlive the command get between SIGTERM and SIGKILL."""
+
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
 def launch(
@@ -88,12 +104,70 @@ def launch(
         child_env = dict(os.environ if env is None else env)
         child_env[LAUNCH_ENV] = str(os.getpid())
         child_env[LAUNCH_TRANSLATES_ENV] = ",".join(s.name for s in translated)
+        adopting = become_subreaper()
         relay.child = subprocess.Popen(list(command), env=child_env, process_group=0)
         relay.deliver_pending()
-        return _wait(relay, kill_after, clock)
+        code = _wait(relay, kill_after, clock)
+        if adopting:
+            deadline = clock() + ORPHAN_GRACE_SECS
+            if kill_after is not None and relay.first_notice_at is not None:
+                deadline = min(deadline, relay.first_notice_at + kill_after)
+            end_orphans(deadline, clock)
+        return code
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, restorable(handler))
+
+
+def become_subreaper() -> bool:
+    """Adopt the descendants that outlive their parents (Linux only); True if it worked."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def adopted() -> list[int]:
+    """This process's children that are still running (zombies are reaped on the way)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    me, children = os.getpid(), []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            children.append(int(entry.name))
+    return children
+
+
+def end_orphans(kill_at: float, clock: Callable[[], float]) -> None:
+    """SIGTERM the adopted processes, SIGKILL those left at ``kill_at``, and reap them all."""
+    warned: set[int] = set()
+    while pids := adopted():
+        late = clock() >= kill_at
+        for pid in pids:
+            if pid in warned and not late:
+                continue
+            if pid not in warned:
+                warned.add(pid)
+                print(
+                    f"preemptible launch: process {pid} outlived the command; SIGTERM, then "
+                    f"SIGKILL in {max(0.0, kill_at - clock()):.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL if late else signal.SIGTERM)
+        time.sleep(POLL_INTERVAL_SECS)
 
 
 class _Relay:

@@ -168,3 +168,41 @@ def test_an_uncatchable_or_forwarded_signal_cannot_be_translated_and_no_handler_
     with pytest.raises(ConfigError, match=f"cannot translate {sig.name}"):
         launch(["true"], translate=[sig])
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+ABANDONING_PARENT = """
+import subprocess, sys
+ignoring = "import signal, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\ntime.sleep(60)"
+child = subprocess.Popen([sys.executable, "-c", ignoring], start_new_session=True)
+print(child.pid, flush=True)
+raise SystemExit(3)  # leaves without it, as torchrun does on a third SIGTERM
+"""
+
+
+def test_a_process_that_outlives_the_command_is_adopted_and_ended(tmp_path):
+    # Under SLURM's proctrack/linuxproc such an orphan escaped the job (`docs/schedulers.md`).
+    proc = launch("--kill-after", "1", "--", sys.executable, "-c", ABANDONING_PARENT)
+    orphan = int(proc.stdout.readline())
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 3  # the command's status, not the orphan's
+    assert f"process {orphan} outlived the command" in err
+    assert wait_gone([orphan], 1) == []  # gone before the launcher exited
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed")
+def test_torchrun_workers_left_behind_by_a_third_sigterm_do_not_outlive_launch(tmp_path):
+    out = tmp_path / "signals.txt"
+    proc = launch(
+        "--kill-after", "6", "--",
+        str(TORCHRUN), "--standalone", "--nproc-per-node=1",
+        str(SCRIPTS / "record_signals.py"), str(out), "ignore",
+    )  # fmt: skip
+    expect_line(proc, "ready")
+    info = json.loads(Path(f"{out}.json").read_text())
+    for _ in range(3):  # SLURM signals a step again at the end of its grace
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert "SIGTERM" in received(out)  # the worker had its notice
+    assert f"process {info['pid']} outlived the command" in err, err
+    assert wait_gone([info["pid"], info["grandchild"]], 1) == []
