@@ -1,13 +1,14 @@
-"""A small deterministic training job under `@preemptible`, for the queue manager's tests.
+"""A small deterministic training job under `@preemptible`, for the queue manager and SLURM tests.
 
     python queue_train.py CKPT_DIR OUT --total N [--step-s S] [--every K] [--save-s A,B,...]
                           [--slow-marker PATH] [--linger-s S]
 
-Each executed step appends "<attempt> <step>" to OUT.steps, so a test counts the steps a
-preemption made the job redo; at the end the weights go to OUT (`torch.save` of tensors, read
-back with `weights_only=True`). `--save-s` makes the n-th save take that long (the last value
-repeats), so a test controls the cost the job measures and reports; before a save that takes
-a second or more, `--slow-marker` is written with the job's pid (a test SIGKILLs it then).
+Each executed step appends "<attempt> <step>" to OUT.steps (the attempt is the queue manager's,
+else SLURM's restart count), so a test counts the steps a preemption made the job redo; at the
+end the weights go to OUT (`torch.save` of tensors, read back with `weights_only=True`).
+`--save-s` makes the n-th save take that long (the last value repeats), so a test controls the
+cost the job measures and reports; before a save that takes a second or more, `--slow-marker`
+is written with the job's pid (a test SIGKILLs it then).
 `--linger-s` keeps the job alive after its last save, so that its last cost report goes out.
 """
 
@@ -54,7 +55,7 @@ def main() -> None:
     parser.add_argument("--linger-s", type=float, default=0.0)
     args = parser.parse_args()
     schedule = [float(s) for s in args.save_s.split(",") if s]
-    attempt = os.environ.get("PREEMPTIBLE_ATTEMPT", "0")
+    attempt = os.environ.get("PREEMPTIBLE_ATTEMPT") or os.environ.get("SLURM_RESTART_COUNT", "0")
 
     @preemptible(args.ckpt, every_steps=args.every, async_save=False)
     def train(ctx: Context) -> dict[str, torch.Tensor]:

@@ -1,0 +1,212 @@
+"""SLURM for real: one node (Debian's slurmctld and slurmd, munge) started by the test set-up.
+
+The cluster's policy is `preemptible queue export --to slurm tests/data/slurm_queue.toml`; the
+jobs are `integrations/slurm/train.sbatch` running `scripts/queue_train.py` (`@preemptible`).
+A low-tier job is preempted by a high-tier one, checkpoints within GraceTime, is requeued,
+resumes and ends bitwise equal to an uninterrupted run; a job near its time limit checkpoints
+and requeues itself. Needs root (the daemons run as root) and installs the packages with apt
+when they are missing: it runs in `make test`, never skips.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from preemptible.deadline import parse_scontrol_record
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = ROOT / "integrations" / "slurm" / "local"
+SBATCH = ROOT / "integrations" / "slurm" / "train.sbatch"
+TRAIN = Path(__file__).parent / "scripts" / "queue_train.py"
+QUEUE = ROOT / "tests" / "data" / "slurm_queue.toml"
+GRACE_TIME_S = 20  # grace_max of slurm_queue.toml: GraceTime of the tier partitions
+
+
+def sh(*argv: str | Path, timeout: float = 60) -> str:
+    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, argv))}: exit {done.returncode}\n{done.stderr}")
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A one-node SLURM with the exported policy; yields a directory every job may write."""
+    if os.geteuid() != 0:
+        pytest.fail("the SLURM test starts slurmctld and slurmd as root: run it as root")
+    work = tmp_path_factory.mktemp("slurm")
+    work.chmod(0o777)
+    cli = Path(sys.executable).with_name("preemptible")
+    sh(cli, "queue", "export", "--to", "slurm", QUEUE, "-o", work / "policy")
+    sh(LOCAL / "stop.sh", timeout=180)
+    sh(LOCAL / "start.sh", work / "policy" / "slurm.conf", timeout=600)
+    try:
+        yield work
+    finally:
+        sh(LOCAL / "stop.sh", timeout=180)
+
+
+def job(job_id: str) -> dict[str, str]:
+    return parse_scontrol_record(sh("scontrol", "show", "job", "-o", job_id))
+
+
+def wait_until(what: str, check, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.25)
+
+
+def finished(job_id: str) -> bool:
+    return job(job_id)["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
+def submit_training(
+    work: Path, name: str, *, sbatch_args: list[str], train_args: list[str], env: dict[str, str]
+) -> str:
+    run = work / name
+    run.mkdir()
+    argv = [
+        "sbatch", "--parsable", f"--output={run}/job.out", f"--chdir={run}", *sbatch_args,
+        str(SBATCH), sys.executable, str(TRAIN), str(run / "ckpt"), str(run / "weights.pt"),
+        *train_args,
+    ]  # fmt: skip
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def reference(tmp_path: Path, train_args: list[str]) -> dict[str, torch.Tensor]:
+    """The same training without SLURM and without interruption (no sleeping: same numbers)."""
+    out = tmp_path / "reference.pt"
+    args = [sys.executable, str(TRAIN), str(tmp_path / "ref-ckpt"), str(out), *train_args]
+    subprocess.run([*args, "--step-s", "0"], check=True, timeout=120, env=_clean_env())
+    return torch.load(out, weights_only=True)
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+
+
+def attempts(run: Path) -> dict[int, list[int]]:
+    """The steps each run of the job executed."""
+    runs: dict[int, list[int]] = {}
+    for line in (run / "weights.pt.steps").read_text().split("\n"):
+        if line:
+            attempt, step = map(int, line.split())
+            runs.setdefault(attempt, []).append(step)
+    return runs
+
+
+def assert_resumed_without_redoing_a_step(run: Path, total: int, restarts: int) -> None:
+    runs = attempts(run)
+    assert sorted(runs) == list(range(restarts + 1)), runs.keys()
+    executed = [step for attempt in sorted(runs) for step in runs[attempt]]
+    assert executed == list(range(total)), "a step was redone or skipped across the requeues"
+
+
+def test_a_preempted_job_checkpoints_in_its_grace_is_requeued_and_ends_bitwise_equal(
+    cluster: Path, tmp_path: Path
+) -> None:
+    train_args = ["--total", "160", "--every", "25"]
+    expected = reference(tmp_path, train_args)
+    low = submit_training(
+        cluster,
+        "preempted",
+        sbatch_args=["--partition=low", "--cpus-per-task=2", "--gres=gpu:4"],
+        train_args=[*train_args, "--step-s", "0.05"],
+        env={},
+    )
+    run = cluster / "preempted"
+    wait_until("the low job's first steps", lambda: (run / "weights.pt.steps").exists(), 60)
+    time.sleep(1.0)
+    high = sh(
+        "sbatch", "--parsable", "--partition=high", "--cpus-per-task=2", "--gres=gpu:4",
+        f"--output={cluster}/high.out", "--wrap", "sleep 2",
+    ).strip()  # fmt: skip
+    submitted_high_at = time.time()
+    wait_until("the high job", lambda: finished(high), 120)
+    wait_until("the low job", lambda: finished(low), 180)
+
+    record, log = job(low), (run / "job.out").read_text()
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", log
+    assert "SIGUSR1, passing SIGTERM to its steps" in log  # preempt_send_user_signal
+    assert "checkpointed, requeueing (exit 85)" in log  # RequeueExit, not the end of the grace
+    saved = re.search(r"checkpointed step (\d+) ([\d.]+) s after the notice", log)
+    assert saved is not None, log
+    stopped_at, after_notice_s = int(saved.group(1)), float(saved.group(2))
+    assert after_notice_s < GRACE_TIME_S
+    assert attempts(run)[0][-1] == stopped_at  # the run ended on the step it checkpointed
+    assert job(high)["JobState"] == "COMPLETED"
+    first_restart = re.search(r"(\S+) job \d+ run 1 starts", log)
+    assert first_restart is not None
+    assert_resumed_without_redoing_a_step(run, total=160, restarts=1)
+
+    final = torch.load(run / "weights.pt", weights_only=True)
+    assert final.keys() == expected.keys()
+    assert all(torch.equal(final[k], expected[k]) for k in expected)  # bitwise
+
+    # The job advertised its measured cost in its comment (the slurm reporter).
+    comment = sh("squeue", "-h", "--states=all", "-j", low, "-o", "%k").strip()
+    values = dict(part.split("=", 1) for part in comment.split()[1:])
+    assert comment.startswith("preemptible ") and float(values["save_p95_s"]) > 0, comment
+    assert float(values["restore_s"]) > 0  # reported by the resumed run, after its restore
+    assert int(values["bytes"]) > 0
+    assert time.time() - submitted_high_at < 180
+
+
+def test_a_job_near_its_time_limit_checkpoints_and_requeues_itself(
+    cluster: Path, tmp_path: Path
+) -> None:
+    # --time=1 (minute) and a 55 s lead: SIGUSR1 comes within the first seconds of each run (SLURM
+    # checks time limits periodically, so up to a minute early), before the 25 s of work end.
+    train_args = ["--total", "250", "--every", "50"]
+    expected = reference(tmp_path, train_args)
+    job_id = submit_training(
+        cluster,
+        "time-limit",
+        sbatch_args=["--partition=low", "--time=1", "--cpus-per-task=1"],
+        train_args=[*train_args, "--step-s", "0.1"],
+        env={"SBATCH_SIGNAL": "B:USR1@55"},
+    )
+    run = cluster / "time-limit"
+    wait_until("the time-limited job", lambda: finished(job_id), 400)
+
+    record, log = job(job_id), (run / "job.out").read_text()
+    restarts = int(record["Restarts"])
+    assert record["JobState"] == "COMPLETED" and restarts >= 1, log
+    assert log.count("SIGUSR1, passing SIGTERM to its steps") >= restarts
+    assert log.count("checkpointed, requeueing (exit 85)") == restarts
+    assert_resumed_without_redoing_a_step(run, total=250, restarts=restarts)
+    final = torch.load(run / "weights.pt", weights_only=True)
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
+
+
+def test_a_job_reads_its_grace_from_the_partition_and_its_signal(cluster: Path) -> None:
+    probe = (
+        "from preemptible.deadline import GraceCheck, discover_grace; import os; "
+        "g = discover_grace(os.environ); print(g.seconds, g.source); "
+        "print(GraceCheck()(g, 30.0, measured='a probe'))"
+    )
+    out = cluster / "probe.out"
+    job_id = sh(
+        "sbatch", "--parsable", "--partition=low", f"--output={out}",
+        "--wrap", f"{shutil.which('env')} {sys.executable} -c \"{probe}\"",
+    ).strip()  # fmt: skip
+    wait_until("the probe job", lambda: finished(job_id), 60)
+    text = out.read_text()
+    assert text.splitlines()[0] == f"{GRACE_TIME_S:.1f} slurm", text
+    assert "GraceTime=45 on partition low" in text  # 1.5 x 30 s, in SLURM's words
