@@ -377,6 +377,7 @@ def test_slurm_conf_values_for_the_example():
         "PreemptType": "preempt/partition_prio",
         "PreemptMode": "REQUEUE",
         "PreemptExemptTime": "0-00:05:00",
+        "SlurmctldParameters": "preempt_send_user_signal",
         "JobRequeue": "1",
         "RequeueExit": "85",
         "PriorityType": "priority/multifactor",
