@@ -171,16 +171,16 @@ def test_a_preempted_job_checkpoints_in_its_grace_is_requeued_and_ends_bitwise_e
 def test_a_job_near_its_time_limit_checkpoints_and_requeues_itself(
     cluster: Path, tmp_path: Path
 ) -> None:
-    # --time=1 (minute) and a 55 s lead: SIGUSR1 comes within the first seconds of each run (SLURM
-    # checks time limits periodically, so up to a minute early), before the 25 s of work end.
-    train_args = ["--total", "250", "--every", "50"]
+    # --time=1 (minute) and a 59 s lead: SLURM checks for due warnings every 30 s, so SIGUSR1 comes
+    # 1 to 31 s into each run, before the 40 s of work end.
+    train_args = ["--total", "400", "--every", "50"]
     expected = reference(tmp_path, train_args)
     job_id = submit_training(
         cluster,
         "time-limit",
         sbatch_args=["--partition=low", "--time=1", "--cpus-per-task=1"],
         train_args=[*train_args, "--step-s", "0.1"],
-        env={"SBATCH_SIGNAL": "B:USR1@55"},
+        env={"SBATCH_SIGNAL": "B:USR1@59"},
     )
     run = cluster / "time-limit"
     wait_until("the time-limited job", lambda: finished(job_id), 400)
@@ -190,7 +190,7 @@ def test_a_job_near_its_time_limit_checkpoints_and_requeues_itself(
     assert record["JobState"] == "COMPLETED" and restarts >= 1, log
     assert log.count("SIGUSR1, passing SIGTERM to its steps") >= restarts
     assert log.count("checkpointed, requeueing (exit 85)") == restarts
-    assert_resumed_without_redoing_a_step(run, total=250, restarts=restarts)
+    assert_resumed_without_redoing_a_step(run, total=400, restarts=restarts)
     final = torch.load(run / "weights.pt", weights_only=True)
     assert all(torch.equal(final[k], expected[k]) for k in expected)
 
@@ -210,3 +210,29 @@ def test_a_job_reads_its_grace_from_the_partition_and_its_signal(cluster: Path) 
     text = out.read_text()
     assert text.splitlines()[0] == f"{GRACE_TIME_S:.1f} slurm", text
     assert "GraceTime=45 on partition low" in text  # 1.5 x 30 s, in SLURM's words
+
+
+def test_a_sigterm_to_the_steps_only_is_heard_and_the_job_requeued(cluster: Path, tmp_path: Path):
+    # Without preempt_send_user_signal, preemption sends SIGTERM at the start of GraceTime to the
+    # job's steps and not to the batch shell; `scancel --signal=TERM` delivers exactly that.
+    train_args = ["--total", "120", "--every", "40"]
+    expected = reference(tmp_path, train_args)
+    job_id = submit_training(
+        cluster,
+        "steps-only",
+        sbatch_args=["--partition=low", "--cpus-per-task=1"],
+        train_args=[*train_args, "--step-s", "0.05"],
+        env={},
+    )
+    run = cluster / "steps-only"
+    wait_until("the job's first steps", lambda: (run / "weights.pt.steps").exists(), 60)
+    sh("scancel", "--signal=TERM", job_id)
+    wait_until("the job", lambda: finished(job_id), 180)
+
+    record, log = job(job_id), (run / "job.out").read_text()
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", log
+    assert "passing SIGTERM" not in log  # the batch shell heard nothing
+    assert "checkpointed, requeueing (exit 85)" in log
+    assert_resumed_without_redoing_a_step(run, total=120, restarts=1)
+    final = torch.load(run / "weights.pt", weights_only=True)
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
