@@ -2,7 +2,7 @@
 
 A notice is only useful with a deadline: the training loop must know whether there is time for
 one more step and a synchronous save. No scheduler hands that number to the job in a standard way,
-so :func:`discover_grace` looks in order at:
+so `discover_grace` looks in order at:
 
 1. ``PREEMPTIBLE_GRACE_SECONDS``, set by the queue manager (the negotiated grace) or by the user.
    It wins because it is the only value that is exactly right by construction.
@@ -18,7 +18,7 @@ so :func:`discover_grace` looks in order at:
    ``terminationGracePeriodSeconds``, so the pod spec sets this variable to the same number.
 4. Otherwise unknown (``None``): callers must treat that as "save as soon as possible".
 
-Each `Grace` also says which setting made it (`Grace.fix`), so that :class:`GraceCheck` can tell
+Each `Grace` also says which setting made it (`Grace.fix`), so that `GraceCheck` can tell
 a job whose saves outgrew its grace exactly what to change, in the scheduler's own words.
 
 The parsers of ``scontrol -o`` output are pure functions so that they are tested on real output.

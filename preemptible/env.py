@@ -1,7 +1,7 @@
 """Where this process runs: rank and world size, torchrun, SLURM, Kubernetes, and their pitfalls.
 
-:class:`RunEnv` is read once from the environment (torchrun's, SLURM's and Kubernetes' variables)
-and never changes. :func:`check_signal_setup` turns known failure modes of these stacks into
+`RunEnv` is read once from the environment (torchrun's, SLURM's and Kubernetes' variables)
+and never changes. `check_signal_setup` turns known failure modes of these stacks into
 warnings a human can act on, measured on our machines (`docs/preemption.md`): torchrun
 SIGKILLs its workers ``--shutdown-timeout`` seconds (30 by default) after forwarding a SIGTERM,
 and dies of SIGUSR1 without forwarding it, which orphans the workers.
@@ -143,10 +143,10 @@ def parse_signal_list(raw: str, name: str = "signal list") -> tuple[signal.Signa
 def check_signal_setup(run_env: RunEnv, save_seconds_p95: float | None) -> list[str]:
     """Warn about launch setups that lose the final checkpoint; each warning says how to fix it.
 
-    Whether the grace period fits a save is :class:`preemptible.deadline.GraceCheck`'s job.
+    Whether the grace period fits a save is `preemptible.deadline.GraceCheck`'s job.
 
     Args:
-        run_env: The environment, from :meth:`RunEnv.from_env`.
+        run_env: The environment, from `RunEnv.from_env`.
         save_seconds_p95: Measured p95 of a synchronous save, if known.
 
     Returns:

@@ -1,7 +1,7 @@
 """Preemption notices: catch the signal, record when, set a flag; nothing else.
 
 A notice (SIGTERM from Kubernetes or the queue manager, SIGUSR1 from SLURM ``--signal``, SIGINT
-from a terminal, or :meth:`PreemptionGuard.request` from the queue manager's notice poller) means
+from a terminal, or `PreemptionGuard.request` from the queue manager's notice poller) means
 "save soon and exit". The training loop acts on it at its next step boundary; the handler does not.
 
 Why the handler only records. A Python signal handler runs in the main thread between two
@@ -21,7 +21,7 @@ Chaining. A Python-level handler that was installed before the guard (a framewor
 user's) is called after the notice is recorded, so installing the guard does not silently disable
 it. We never chain to ``signal.default_int_handler`` (it raises KeyboardInterrupt, see above), nor
 to ``SIG_DFL``/``SIG_IGN`` (the default action of SIGTERM/SIGUSR1 is to die at once), and never
-while inside :meth:`PreemptionGuard.final_save`: a second signal (SLURM and torchrun both send
+while inside `PreemptionGuard.final_save`: a second signal (SLURM and torchrun both send
 SIGTERM more than once) must not abort the save it is waiting for.
 """
 
@@ -55,7 +55,7 @@ class Notice(NamedTuple):
     received_at: float
     """Wall-clock time of arrival, from the guard's clock."""
     reason: str
-    """The signal's name, or the reason passed to :meth:`PreemptionGuard.request`."""
+    """The signal's name, or the reason passed to `PreemptionGuard.request`."""
     deadline: float | None = None
     """When the sender will kill the process, if it said (the queue manager's notice does)."""
 
@@ -101,12 +101,12 @@ class PreemptionGuard:
         env: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """Create a guard; nothing is installed until :meth:`install`.
+        """Create a guard; nothing is installed until `install`.
 
         Args:
             signals: The signals that count as notices.
             grace_seconds: The grace period, if the caller knows it; else it is discovered from
-                the environment (see :mod:`preemptible.deadline`) when first needed.
+                the environment (see `preemptible.deadline`) when first needed.
             env: The environment to discover the grace from; ``os.environ`` by default.
             clock: Wall-clock source (epoch seconds); tests pass a fake one.
 
@@ -161,7 +161,7 @@ class PreemptionGuard:
         return self
 
     def uninstall(self) -> None:
-        """Put back the handlers that were there before :meth:`install`; no-op if not installed.
+        """Put back the handlers that were there before `install`; no-op if not installed.
 
         A handler that was installed from C (``signal.getsignal`` returned None) cannot be put
         back from Python; that signal gets ``SIG_DFL``.
@@ -220,7 +220,7 @@ class PreemptionGuard:
     def set_grace(self, seconds: float, source: str, *, fix: str = "") -> None:
         """A grace better informed than the environment's (the one the queue manager
         negotiated) replaces it; a grace given to the constructor still wins. ``fix`` says
-        what would lengthen it (see :attr:`preemptible.deadline.Grace.fix`)."""
+        what would lengthen it (see `preemptible.deadline.Grace.fix`)."""
         if not (0 <= seconds < float("inf")):
             raise ConfigError(f"grace seconds must be a finite number >= 0, got {seconds!r}")
         if self._explicit_grace is None:
@@ -276,7 +276,7 @@ class PreemptionGuard:
 
     @property
     def grace_source(self) -> str:
-        """Where :attr:`grace_seconds` came from (see :class:`preemptible.deadline.Grace`)."""
+        """Where `grace_seconds` came from (see `preemptible.deadline.Grace`)."""
         return self._ensure_grace().source
 
     @property
@@ -297,7 +297,7 @@ class PreemptionGuard:
         return min(candidates) if candidates else None
 
     def remaining(self) -> float | None:
-        """Seconds left until :attr:`deadline` (never negative); None if unknown or no notice."""
+        """Seconds left until `deadline` (never negative); None if unknown or no notice."""
         deadline = self.deadline
         return None if deadline is None else max(0.0, deadline - self._clock())
 

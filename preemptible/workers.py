@@ -6,11 +6,11 @@ workers are in that group, and SIGTERM's default action kills them at once. The 
 dies in the DataLoader's SIGCHLD handler ("DataLoader worker (pid N) is killed by signal:
 Terminated") or on its next batch, before the final save the notice was meant to allow.
 
-:func:`worker_init_fn` makes a worker ignore the notice signals. Workers still go away when the
+`worker_init_fn` makes a worker ignore the notice signals. Workers still go away when the
 trainer does: the DataLoader shuts them down on exit, and a worker whose parent has died exits by
 itself (its ``ManagerWatchdog`` checks the parent). SIGKILL still works.
 
-Everything here is a module-level function or a :func:`functools.partial` of one, so it pickles
+Everything here is a module-level function or a `functools.partial` of one, so it pickles
 for the ``spawn`` and ``forkserver`` start methods as well as ``fork``. With ``forkserver`` the
 fork server process is itself in the group and dies of a group SIGTERM; its workers are not the
 trainer's children, so that does not disturb the final save.
@@ -39,7 +39,7 @@ def worker_init_fn(worker_id: int) -> None:
     """Make this DataLoader worker ignore SIGTERM, SIGUSR1 and SIGINT.
 
     Pass it as ``DataLoader(..., worker_init_fn=worker_init_fn)``, or use
-    :func:`protect_dataloader` to keep an existing ``worker_init_fn``.
+    `protect_dataloader` to keep an existing ``worker_init_fn``.
 
     Args:
         worker_id: The worker's index, as the DataLoader passes it (unused).
