@@ -10,7 +10,7 @@ TYPED   ?= preemptible/checkpoint preemptible/queue preemptible/cli/queue.py pre
            preemptible/reporters preemptible/lightning.py preemptible/sidecar.py preemptible/cost.py \
            preemptible/cli/sidecar.py preemptible/deadline.py preemptible/launch.py
 
-.PHONY: venv test test-fast lint format typecheck demo demo-checkpoint bench clean
+.PHONY: venv test test-fast lint format typecheck docs demo demo-checkpoint bench clean
 
 venv: $(STAMP)
 
@@ -39,6 +39,11 @@ test: venv
 
 test-fast: venv
 	$(VENV)/bin/pytest -q -x tests/unit
+
+# The docs site into site/, warnings as errors (tests/test_docs_site.py checks the same in `make
+# test`). `$(VENV)/bin/mkdocs serve` serves it on 127.0.0.1:8000 while you edit.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The queue manager on four virtual GPUs: a borrower reclaimed, handed on, resumed bit-exactly.
 demo: venv
