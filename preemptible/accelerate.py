@@ -1,0 +1,696 @@
+"""Accelerate adapter: Accelerate's ``save_state``/``load_state`` habits on our atomic store.
+
+`PreemptibleAccelerator` wraps the user's `accelerate.Accelerator` (`docs/accelerate.md`):
+
+- ``save_state()``/``load_state()`` keep Accelerate's naming (``checkpoint_{i}`` under
+  ``project_dir/checkpoints``, the ``iteration`` counter) and ``total_limit``, and save what it
+  saves (models, optimizers, schedulers, the scaler, objects given to
+  ``register_for_checkpointing``, the RNG states and data position of every process), but each
+  ``checkpoint_{i}`` is a `Checkpointer` root: atomic commit, checksums, any fsspec URL, nothing
+  unpickled on load. Old checkpoints are deleted after the new one has committed; Accelerate
+  deletes them before it writes (`docs/accelerate.md` has the lines). The wrapped
+  accelerator's own ``save_state``/``load_state`` are routed here too, so code that calls them
+  keeps working and writes the safe format.
+- ``batches(loader)`` is the training loop's step boundary: on SIGTERM, SIGUSR1 or SIGINT every
+  process agrees on the same step, saves and exits with ``128 + signum``. A resumed run skips
+  the batches already trained on (``skip_first_batches``) with the data order of the
+  interrupted epoch replayed from its RNG states, so the result is bitwise the same.
+
+Why a wrapper and not a subclass of ``Accelerator``: the user's ``Accelerator(...)`` line and its
+process-wide state stay exactly theirs, we do not re-declare a constructor that changes with
+every Accelerate release, and the methods whose meaning changes are the ones this class
+defines. Why `Context` underneath: the notice, the agreement of the ranks, the exit code, the
+cost file, the reporters and the queue manager's link are `Context`'s; it drives the store
+below as its checkpointer, so none of that is written twice. `Context` has no public hooks for
+a loop it does not own yet, so this module calls its ``_begin``, ``_at_boundary``, ``_save`` and
+``_report`` (`docs/accelerate.md`, "Limits").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any, cast
+
+import fsspec
+import torch
+
+from preemptible import (
+    BackendNotInstalledError,
+    CheckpointCost,
+    Checkpointer,
+    CheckpointFormatError,
+    CheckpointInfo,
+    CheckpointNotFoundError,
+    ConfigError,
+    Context,
+    RNGState,
+)
+from preemptible.checkpoint.stats import CostTracker
+
+try:
+    from accelerate.data_loader import get_sampler  # type: ignore[import-untyped]
+    from accelerate.utils import DistributedType  # type: ignore[import-untyped]
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise BackendNotInstalledError(
+        "preemptible.accelerate needs Accelerate: pip install 'preemptible[accelerate]'"
+    ) from error
+
+__all__ = ["PreemptibleAccelerator"]
+
+log = logging.getLogger("preemptible.accelerate")
+
+_NAME = re.compile(r"^checkpoint_(\d+)$")
+_TRASH = ".trash-"
+# Files Accelerate's own save_state writes (accelerate/utils/constants.py): a folder holding
+# them is not ours, and loading it would unpickle it.
+_ACCELERATE_FILES = re.compile(
+    r"^(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|optimizer(_\d+)?\.bin|"
+    r"random_states_\d+\.pkl|custom_checkpoint_\d+\.pkl)$"
+)
+_UNSUPPORTED = ("DEEPSPEED", "FSDP", "MEGATRON_LM", "XLA")
+
+
+class PreemptibleAccelerator:
+    """Atomic ``save_state``/``load_state`` and a save on notice for an ``Accelerator``.
+
+    Create it after ``accelerator.prepare(...)`` and call ``load_state()`` (or start the loop),
+    which restores the newest valid checkpoint if there is one:
+
+        acc = PreemptibleAccelerator(accelerator)
+        acc.load_state()
+        for epoch in acc.epochs(num_epochs):
+            for batch in acc.batches(train_loader):
+                ...
+            acc.save_state()
+
+    Every process runs the same calls, as with Accelerate.
+
+    Args:
+        accelerator: the ``Accelerator``, with its models, optimizers and data loaders prepared.
+        checkpoint_dir: where ``checkpoint_{i}`` folders go (a path or fsspec URL); default
+            ``project_dir/checkpoints`` when ``ProjectConfiguration(automatic_checkpoint_naming=
+            True)``. ``ProjectConfiguration.total_limit`` applies either way.
+        storage_options: fsspec options (credentials, ``endpoint_url``).
+        exit_code: exit code after a notice save (default ``128 + signum``).
+        signals: the notices to handle (default SIGTERM, SIGUSR1, SIGINT).
+        cost_file: where to write measured costs (default ``$PREEMPTIBLE_COST_FILE``).
+
+    Raises:
+        ConfigError: no place for checkpoints, a ``total_limit`` below 1, or a distributed type
+            this adapter does not support (DeepSpeed, FSDP, Megatron-LM, XLA).
+    """
+
+    def __init__(
+        self,
+        accelerator: Any,
+        *,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        exit_code: int | None = None,
+        signals: tuple[int, ...] | None = None,
+        cost_file: str | os.PathLike[str] | None = None,
+    ) -> None:
+        _check_distributed_type(accelerator)
+        config = accelerator.project_configuration
+        self.accelerator = accelerator
+        self.store = _Store(
+            _checkpoint_root(config, checkpoint_dir),
+            total_limit=_total_limit(config.total_limit),
+            storage_options=storage_options,
+            main_process=bool(accelerator.is_main_process),
+            processes=int(accelerator.num_processes),
+            first_index=int(config.iteration or 0),
+        )
+        options: dict[str, Any] = {} if signals is None else {"signals": tuple(signals)}
+        self.context = Context(
+            checkpointer=cast(Checkpointer, self.store),  # the Checkpointer calls Context makes
+            async_save=False,
+            exit_code=exit_code,
+            cost_file=cost_file,
+            **options,
+        )
+        self._loop = _LoopState(self)
+        self._registered: dict[str, Any] = {}
+        self._started = False
+        self._routed = {
+            name: accelerator.__dict__.get(name) for name in ("save_state", "load_state")
+        }
+        accelerator.save_state = self.save_state
+        accelerator.load_state = self.load_state
+
+    # --- Accelerate's two methods -------------------------------------------------------------
+
+    def save_state(
+        self,
+        output_dir: str | os.PathLike[str] | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
+    ) -> str:
+        """Save the state of every process to the next ``checkpoint_{i}`` (or ``output_dir``).
+
+        All processes call it. It returns once the checkpoint has committed; only then are
+        checkpoints beyond ``total_limit`` deleted, oldest first. ``output_dir`` is a root of its
+        own holding one checkpoint, replaced atomically by the next save there; it is not where
+        a notice saves, nor where ``load_state()`` looks. ``safe_serialization`` is moot:
+        nothing is pickled.
+
+        Returns:
+            The committed checkpoint's folder (``.../checkpoint_{i}``, or ``output_dir``).
+
+        Raises:
+            UnsupportedStateError: a registered object's state has no pickle-free form.
+            ConfigError: something was prepared after the first save or load.
+            StorageError: writing failed; earlier checkpoints are untouched.
+        """
+        _no_engine_options("save_state", save_model_func_kwargs)
+        self._ensure_started()
+        step = self._loop.global_step
+        if output_dir is None:
+            self.context._save(step, blocking=True)
+            self._sync_iteration()
+        else:
+            self.store.save_to(os.fspath(output_dir), step, self.context._state())
+            self.context._report()
+        assert self.store.last_root is not None, "set by the save that just committed"
+        return self.store.last_root
+
+    def load_state(
+        self,
+        input_dir: str | os.PathLike[str] | None = None,
+        load_kwargs: Any = None,
+        **load_model_func_kwargs: Any,
+    ) -> int | None:
+        """Restore the newest valid checkpoint (or the one at ``input_dir``), in place.
+
+        With no ``input_dir`` a checkpoint that fails its checksums or was never committed is
+        skipped, with a warning, for the one before it; none at all is not an error (the first
+        run of a job). An explicit ``input_dir`` is loaded or fails. ``load_kwargs`` is moot.
+
+        Returns:
+            The step (batches trained) of the restored checkpoint, or None when there is none.
+
+        Raises:
+            CheckpointNotFoundError: ``input_dir`` holds no committed checkpoint.
+            CheckpointFormatError: ``input_dir`` was written by Accelerate's own ``save_state``:
+                loading it would unpickle it.
+            CheckpointCorruptedError: ``input_dir``'s files fail their checksums.
+            StateMismatchError: the checkpoint holds other models or optimizers than this run.
+        """
+        _no_engine_options("load_state", load_model_func_kwargs)
+        source = None if input_dir is None else os.fspath(input_dir)
+        if not self._started:
+            self.store.source = source
+            self._ensure_started()
+            return self.context.resumed_from
+        started = time.perf_counter()
+        self.store.source = source
+        step = self.store.restore(self.context._state())
+        self._sync_iteration()
+        log.info("restored step %s in %.2f s", step, time.perf_counter() - started)
+        return step
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def epochs(self, total: int) -> Iterator[int]:
+        """Yield the epochs from the restored one (0 on a first run) to ``total - 1``."""
+        if total < 0:
+            raise ConfigError(f"total must be >= 0, got {total}")
+        self._ensure_started()
+        while self._loop.epoch < total:
+            epoch = self._loop.epoch
+            yield epoch
+            if self._loop.epoch == epoch:  # the body did not run batches() to the end
+                self._loop.end_pass()
+
+    def batches(self, dataloader: Any) -> Iterator[Any]:
+        """One pass over a prepared ``dataloader``, resumed where the restored run stopped.
+
+        A batch counts as trained once it has been handed out. After each one whose gradients
+        were synchronised (``accelerator.sync_gradients``: the end of an accumulation cycle) the
+        processes agree on a notice; on one they save and exit with ``128 + signum``.
+
+        Raises:
+            ConfigError: ``dataloader`` was not prepared by this accelerator, or it is not the
+                loader an earlier ``batches()`` call followed.
+        """
+        self._ensure_started()
+        index = self._loop.follow(dataloader)
+        source, skipping = self._pass_source(dataloader)
+        for batch in source:
+            self._loop.taken += 1
+            self._loop.global_step += 1
+            yield batch
+            if self.accelerator.sync_gradients:
+                self.context._at_boundary(self._loop.global_step)
+        if skipping is not None:  # the loader Accelerate built counted the epoch, not ours
+            self.accelerator._dataloaders[index].iteration = skipping.iteration
+        self._loop.end_pass()
+
+    def _pass_source(self, dataloader: Any) -> tuple[Iterator[Any], Any]:
+        """The batches of this pass, and the skipping loader if it resumes a pass."""
+        loop = self._loop
+        if loop.taken == 0 or loop.pass_rng is None:
+            loop.taken, loop.pass_rng = 0, _rng_states(dataloader)
+            return iter(dataloader), None
+        skipping = self.accelerator.skip_first_batches(dataloader, loop.taken)
+        # The interrupted pass drew its order (sampler seed, worker seeds) from the RNG states
+        # it started with: draw it again from them, then continue from the saved states.
+        now = RNGState().state_dict()
+        _load_rng_states(dataloader, loop.pass_rng)
+        batches = iter(skipping)
+        first = next(batches, _END)
+        RNGState().load_state_dict(now)
+        return (batches if first is _END else _chain(first, batches)), skipping
+
+    @property
+    def should_stop(self) -> bool:
+        """True once the processes have agreed to stop at this step boundary."""
+        return self.context.should_stop
+
+    @property
+    def epoch(self) -> int:
+        """The epoch in progress (passes completed by `batches`)."""
+        return self._loop.epoch
+
+    @property
+    def global_step(self) -> int:
+        """Batches handed to the loop so far, over all epochs and restarts."""
+        return self._loop.global_step
+
+    @property
+    def cost(self) -> CheckpointCost:
+        """Measured save and restore costs (last, mean, p95), as the cost file has them."""
+        return self.store.cost
+
+    # --- start and end ------------------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        if self._started:
+            return
+        self._registered = self._live_state()
+        self.context.register(accelerate=self._registered)
+        self._started = True
+        self.context._begin()  # the guard, the queue link, the restore (all ranks agreeing)
+        self._sync_iteration()
+
+    def _live_state(self) -> dict[str, Any]:
+        acc = self.accelerator
+        for i, loader in enumerate(acc._dataloaders):
+            if getattr(loader, "use_stateful_dataloader", False):
+                raise ConfigError(
+                    f"prepared data loader {i} uses use_stateful_dataloader=True, which "
+                    "PreemptibleAccelerator does not support yet; it resumes a plain one with "
+                    "skip_first_batches. Leave DataLoaderConfiguration(use_stateful_dataloader) off"
+                )
+        state: dict[str, Any] = {
+            "models": list(acc._models),
+            "optimizers": list(acc._optimizers),
+            "schedulers": list(acc._schedulers),
+            "custom": list(acc._custom_objects),
+            "loop": self._loop,
+        }
+        if acc.scaler is not None:
+            state["scaler"] = acc.scaler
+        return state
+
+    def _check_unchanged(self) -> None:
+        now = self._live_state()
+        for key in ("models", "optimizers", "schedulers", "custom"):
+            if len(now[key]) != len(self._registered[key]):
+                raise ConfigError(
+                    f"{key}: {len(self._registered[key])} when the first save or load ran, "
+                    f"{len(now[key])} now. Prepare (and register_for_checkpointing) everything "
+                    "before the first save_state/load_state/epochs/batches call"
+                )
+
+    def _sync_iteration(self) -> None:
+        self.accelerator.project_configuration.iteration = self.store.next_index
+
+    def close(self) -> None:
+        """Remove the signal handlers and give the accelerator its own methods back."""
+        try:
+            self.context.close()
+        finally:
+            for name, method in self._routed.items():
+                if method is None:
+                    self.accelerator.__dict__.pop(name, None)
+                else:
+                    setattr(self.accelerator, name, method)
+
+    def __enter__(self) -> PreemptibleAccelerator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _LoopState:
+    """The data position, saved with the state of each process.
+
+    ``pass_rng`` holds the RNG states at the start of the pass in progress: the pass drew its
+    order from them, and a resumed pass must draw the same one before it skips ``taken``.
+    """
+
+    def __init__(self, owner: PreemptibleAccelerator) -> None:
+        self.owner = owner
+        self.epoch = 0
+        self.global_step = 0
+        self.taken = 0
+        self.pass_rng: dict[str, Any] | None = None
+        self.loader: int | None = None
+
+    def follow(self, dataloader: Any) -> int:
+        loaders = self.owner.accelerator._dataloaders
+        index = next((i for i, d in enumerate(loaders) if d is dataloader), None)
+        if index is None:
+            raise ConfigError(
+                "batches() takes a data loader returned by this accelerator's prepare(); "
+                f"got a {type(dataloader).__name__} it did not prepare"
+            )
+        if self.loader is not None and self.loader != index:
+            raise ConfigError(
+                f"batches() follows one training loader (prepared loader {self.loader}), got "
+                f"prepared loader {index}; iterate evaluation loaders directly"
+            )
+        self.loader = index
+        return index
+
+    def end_pass(self) -> None:
+        self.epoch += 1
+        self.taken, self.pass_rng = 0, None
+
+    def state_dict(self) -> dict[str, Any]:
+        self.owner._check_unchanged()  # runs at every save, before anything is written
+        acc = self.owner.accelerator
+        return {
+            "epoch": self.epoch,
+            "global_step": self.global_step,
+            "taken": self.taken,
+            "pass_rng": self.pass_rng,
+            "loader": -1 if self.loader is None else self.loader,
+            "accelerator_step": int(acc.step),
+            "loaders": [
+                {"iteration": int(d.iteration), "generators": [g.get_state() for g in _gens(d)]}
+                for d in acc._dataloaders
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        acc = self.owner.accelerator
+        if len(state["loaders"]) != len(acc._dataloaders):
+            raise ConfigError(
+                f"the checkpoint has the position of {len(state['loaders'])} data loaders, this "
+                f"run prepared {len(acc._dataloaders)}; prepare the same loaders in the same order"
+            )
+        for i, (loader, saved) in enumerate(zip(acc._dataloaders, state["loaders"], strict=True)):
+            generators = _gens(loader)
+            if len(generators) != len(saved["generators"]):
+                raise ConfigError(
+                    f"prepared data loader {i} draws from {len(generators)} generators, the one "
+                    f"saved from {len(saved['generators'])}: build it as the saved run did "
+                    "(the same sampler and generator= arguments)"
+                )
+            loader.iteration = int(saved["iteration"])
+            for generator, rng in zip(generators, saved["generators"], strict=True):
+                generator.set_state(rng)
+        self.epoch = int(state["epoch"])
+        self.global_step = int(state["global_step"])
+        self.taken = int(state["taken"])
+        self.pass_rng = state["pass_rng"]
+        self.loader = None if state["loader"] < 0 else int(state["loader"])
+        acc.step = int(state["accelerator_step"])
+
+
+class _Store:
+    """The checkpointer `Context` drives: each save is a `Checkpointer` root ``checkpoint_{i}``.
+
+    Only the calls `Context` makes are here. The step inside each root is the loop's
+    ``global_step``; ``i`` is Accelerate's save iteration. Folders that do not match
+    ``checkpoint_<digits>``, or that hold no checkpoint of ours (Accelerate's own format), are
+    never loaded nor deleted.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        total_limit: int | None,
+        storage_options: dict[str, Any] | None,
+        main_process: bool,
+        processes: int,
+        first_index: int,
+    ) -> None:
+        self.root = root.rstrip("/") if "://" in root else os.path.abspath(root)
+        self.total_limit = total_limit
+        self.storage_options = dict(storage_options or {})
+        self.main_process = main_process
+        self.processes = processes
+        self.next_index = first_index
+        self.source: str | None = None  # a load_state(input_dir): read that, not the newest
+        self.last_root: str | None = None
+        self._cost = CostTracker()
+
+    @property
+    def url(self) -> str:
+        return self.root
+
+    @property
+    def cost(self) -> CheckpointCost:
+        return self._cost.snapshot()
+
+    def wait(self) -> None:
+        """Saves are synchronous: nothing is ever in flight."""
+
+    def _child(self, name: str) -> str:
+        return f"{self.root}/{name}" if "://" in self.root else os.path.join(self.root, name)
+
+    def _open(self, url: str) -> Checkpointer:
+        return Checkpointer(url, keep=1, storage_options=self.storage_options or None)
+
+    def _folders(self) -> list[tuple[int, str]]:
+        """``(i, url)`` of every ``checkpoint_{i}`` folder, oldest first."""
+        found = [
+            (int(m.group(1)), n)
+            for n in _names(self.root, self.storage_options)
+            if (m := _NAME.match(n))
+        ]
+        return [(i, self._child(n)) for i, n in sorted(found)]
+
+    # --- save ---------------------------------------------------------------------------------
+
+    def save(self, step: int, state: Any, *, blocking: bool = True) -> CheckpointInfo:
+        """Commit ``state`` as ``checkpoint_{next_index}``, then apply ``total_limit``."""
+        index = self.next_index
+        info = self._save(self._child(f"checkpoint_{index}"), step, state, index)
+        self.next_index = index + 1
+        if self.main_process:
+            self._retire(newest=index)
+        return info
+
+    def save_to(self, url: str, step: int, state: Any) -> CheckpointInfo:
+        """A save to a root of the user's choice, outside the numbering and ``total_limit``."""
+        return self._save(url, step, state, None)
+
+    def _save(self, url: str, step: int, state: Any, index: int | None) -> CheckpointInfo:
+        started = time.perf_counter()
+        info = self._open(url).save(step, state, metadata={"accelerate_iteration": index})
+        elapsed = time.perf_counter() - started
+        self._cost.record_stall(elapsed)
+        self._cost.record_save(
+            step=step, persist_seconds=elapsed, nbytes=info.bytes, at=time.time()
+        )
+        self.last_root = url
+        log.info("saved step %d to %s in %.2f s", step, url, elapsed)
+        return info
+
+    def _retire(self, *, newest: int) -> None:
+        """Delete committed checkpoints beyond ``total_limit`` and interrupted saves, older
+        than ``newest`` only; failures are logged: the new checkpoint is safe already."""
+        try:
+            committed, interrupted = [], []
+            for i, url in self._folders():
+                if i == newest:
+                    continue
+                found, ignored = self._open(url).scan()
+                if found:
+                    committed.append(url)
+                elif ignored and i < newest and all(item.collectable for item in ignored):
+                    interrupted.append(url)
+            keep = len(committed) if self.total_limit is None else self.total_limit - 1
+            for url in committed[: max(0, len(committed) - keep)] + interrupted:
+                log.info("total_limit: deleting %s", url)
+                self._delete(url)
+            for name in _names(self.root, self.storage_options):
+                if name.startswith(f"{_TRASH}checkpoint_"):  # a deletion cut short
+                    shutil.rmtree(self._child(name), ignore_errors=True)
+        except Exception as e:
+            log.warning(
+                "deleting old checkpoints under %s failed (retried next save): %r", self.root, e
+            )
+
+    def _delete(self, url: str) -> None:
+        fs, path = fsspec.core.url_to_fs(url, **self.storage_options)
+        if "://" not in url:  # a rename first: the folder vanishes at once, whole
+            trash = os.path.join(
+                os.path.dirname(path), f"{_TRASH}{os.path.basename(path)}-{uuid.uuid4().hex[:8]}"
+            )
+            os.rename(path, trash)
+            path = trash
+        fs.rm(path, recursive=True)
+
+    # --- restore ------------------------------------------------------------------------------
+
+    def restore(self, state: Any, step: int | None = None) -> int | None:
+        """Restore the newest committed, valid ``checkpoint_{i}`` (with ``step`` if given)."""
+        started = time.perf_counter()
+        folders = self._folders()
+        if folders:  # never reuse a number, even one of an interrupted save
+            self.next_index = max(self.next_index, folders[-1][0] + 1)
+        source, self.source = self.source, None
+        restored: int | None = None
+        if source is not None:
+            restored = self._restore_from(source, state, step)
+        for _, url in reversed(folders if source is None else []):
+            restored = self._try(url, state, step)
+            if restored is not None:
+                break
+        if restored is not None:
+            self._cost.record_restore(time.perf_counter() - started)
+        return restored
+
+    def _try(self, url: str, state: Any, step: int | None) -> int | None:
+        store = self._open(url)
+        latest = store.latest()
+        if latest is None:
+            log.warning("%s holds no committed checkpoint (an interrupted save?); skipped", url)
+            return None
+        if step is not None and latest.step != step:
+            return None
+        self._check_processes(url, latest)
+        restored = store.restore(state)  # a corrupt one is skipped with a warning
+        if restored is None:
+            log.warning("%s failed verification; falling back to the checkpoint before it", url)
+        return restored
+
+    def _restore_from(self, url: str, state: Any, step: int | None) -> int:
+        store = self._open(url)
+        latest = store.latest()
+        if latest is None:
+            _refuse_foreign(url, self.storage_options)
+            raise CheckpointNotFoundError(
+                f"no committed checkpoint at {url}; give a folder written by "
+                "PreemptibleAccelerator.save_state, or no input_dir for the newest one"
+            )
+        self._check_processes(url, latest)
+        restored = store.restore(state, step=latest.step if step is None else step)
+        assert restored is not None, "restore with a step raises rather than return None"
+        return restored
+
+    def _check_processes(self, url: str, info: CheckpointInfo) -> None:
+        if info.world_size != self.processes:
+            raise ConfigError(
+                f"{url} was saved by {info.world_size} processes, this run has "
+                f"{self.processes}: each process's data position and RNG states belong to its "
+                f"rank and would not continue the same run. Resume with "
+                f"--num_processes {info.world_size}"
+            )
+
+    def list(self) -> list[CheckpointInfo]:
+        return [info for _, url in self._folders() for info in self._open(url).list()]
+
+
+_END = object()
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+def _gens(loader: Any) -> list[torch.Generator]:
+    """The generators a prepared loader draws its order from, each once."""
+    found: list[torch.Generator] = []
+    for candidate in (
+        getattr(loader, "synchronized_generator", None),
+        getattr(get_sampler(loader), "generator", None),
+        getattr(loader, "generator", None),
+    ):
+        if isinstance(candidate, torch.Generator) and all(candidate is not g for g in found):
+            found.append(candidate)
+    return found
+
+
+def _rng_states(loader: Any) -> dict[str, Any]:
+    return {"global": RNGState().state_dict(), "loader": [g.get_state() for g in _gens(loader)]}
+
+
+def _load_rng_states(loader: Any, states: dict[str, Any]) -> None:
+    RNGState().load_state_dict(states["global"])
+    for generator, rng in zip(_gens(loader), states["loader"], strict=True):
+        generator.set_state(rng)
+
+
+def _check_distributed_type(accelerator: Any) -> None:
+    kind = accelerator.distributed_type
+    if any(kind == getattr(DistributedType, name, None) for name in _UNSUPPORTED):
+        raise ConfigError(
+            f"PreemptibleAccelerator does not support {kind} yet: its state is sharded or owned "
+            "by the engine, which saves it with its own format. Use DDP (multi-GPU or "
+            "multi-CPU) or one process"
+        )
+
+
+def _checkpoint_root(config: Any, checkpoint_dir: str | os.PathLike[str] | None) -> str:
+    if checkpoint_dir is not None:
+        return os.fspath(checkpoint_dir)
+    if config.automatic_checkpoint_naming and config.project_dir:
+        return os.path.join(config.project_dir, "checkpoints")
+    raise ConfigError(
+        "PreemptibleAccelerator needs a place for its checkpoints: pass checkpoint_dir=..., or "
+        "give the Accelerator ProjectConfiguration(project_dir=..., "
+        "automatic_checkpoint_naming=True)"
+    )
+
+
+def _total_limit(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(
+            f"ProjectConfiguration.total_limit must be a positive integer or None (keep all), "
+            f"got {value!r}"
+        )
+    return value
+
+
+def _no_engine_options(method: str, options: dict[str, Any]) -> None:
+    if options:
+        raise ConfigError(
+            f"{method}() got {', '.join(sorted(options))}: options for the engine's own save "
+            "(DeepSpeed, Megatron-LM) or map_location, which PreemptibleAccelerator does not "
+            "take: tensors are loaded in place, onto the device they live on"
+        )
+
+
+def _names(url: str, storage_options: dict[str, Any]) -> list[str]:
+    """The names directly under ``url`` (none if it does not exist)."""
+    fs, path = fsspec.core.url_to_fs(url, **storage_options)
+    try:
+        return [n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(path, detail=False)]
+    except FileNotFoundError:
+        return []
+
+
+def _refuse_foreign(url: str, storage_options: dict[str, Any]) -> None:
+    if any(_ACCELERATE_FILES.match(n) for n in _names(url, storage_options)):
+        raise CheckpointFormatError(
+            f"{url} was written by Accelerate's own save_state (pickle files); it is not read, "
+            "since loading it would unpickle it. If you trust it, load it once with "
+            "accelerate.Accelerator.load_state(accelerator, path), then save_state() again"
+        )
