@@ -1,0 +1,234 @@
+"""A real Accelerator on the CPU under PreemptibleAccelerator, started as its users start it.
+
+One process under the real ``accelerate launch`` CLI and two (``--multi_gpu``: torchrun, gloo):
+a real SIGTERM mid-epoch, exit 143 after the commit, the same command again, and weights and
+optimizer state bitwise equal to an uninterrupted run. A SIGKILL in the middle of a save with
+``total_limit=1`` leaves the previous checkpoint whole and the restart resumes from it. The
+example runs, stops on SIGTERM and resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("accelerate")
+
+from preemptible import Checkpointer
+from tests.helpers import assert_same
+from tests.integration.test_signals_real import wait_gone
+from tests.s3servers import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).parent / "scripts" / "accelerate_train.py"
+EXAMPLE = REPO / "examples" / "accelerate_train.py"
+ACCELERATE = str(Path(sys.executable).parent / "accelerate")
+TIMEOUT = 120
+PER_EPOCH = 24  # 96 samples, batch 4, one process; half of it per rank with two
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    inherited = ("ACCELERATE_", "SLURM_", "TORCHELASTIC_", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(inherited)}
+    return {
+        **env,
+        "PYTHONPATH": str(REPO),
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "HF_HOME": str(tmp_path / "hf"),  # no accelerate config file of this machine's
+    }
+
+
+def _launch(workdir: Path, *extra: str, procs: int) -> list[str]:
+    # On a machine without GPUs only --multi_gpu starts several processes (torchrun, gloo);
+    # without it --num_processes 2 runs one (docs/accelerate.md).
+    many = ["--multi_gpu"] if procs > 1 else []
+    return [
+        ACCELERATE,
+        "launch",
+        *many,
+        f"--num_processes={procs}",
+        "--num_machines=1",
+        "--mixed_precision=no",
+        "--dynamo_backend=no",
+        f"--main_process_port={free_port()}",
+        str(SCRIPT),
+        str(workdir),
+        *extra,
+    ]
+
+
+def _start(cmd: list[str], tmp_path: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a group of its own: signalled as a whole, killed on failure
+    )
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"timed out; output:\n{out}")
+    return proc.returncode, out
+
+
+def _run(cmd: list[str], tmp_path: Path) -> str:
+    code, out = _finish(_start(cmd, tmp_path))
+    assert code == 0, out
+    return out
+
+
+def _wait_for(proc: subprocess.Popen[str], ready: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"never saw {what}; output:\n{proc.communicate()[0]}")
+        time.sleep(0.001)
+
+
+def _read(workdir: Path, name: str) -> str:
+    try:
+        return (workdir / name).read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def _progress(workdir: Path, rank: int = 0) -> int:
+    return int(_read(workdir, f"progress-rank{rank}") or 0)
+
+
+def _assert_same_result(reference: Path, workdir: Path, ranks: int = 1) -> None:
+    for rank in range(ranks):
+        expected = Checkpointer(reference / "final").load(rank=rank)
+        assert_same(Checkpointer(workdir / "final").load(rank=rank), expected, f"rank{rank}")
+
+
+def _folders(workdir: Path) -> list[str]:
+    found = (workdir / "checkpoints").iterdir()
+    return sorted((p.name for p in found), key=lambda n: int(n.rsplit("_", 1)[1]))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process, uninterrupted (python, no launcher: the result does not depend on it)."""
+    workdir = tmp_path_factory.mktemp("reference")
+    _run([sys.executable, str(SCRIPT), str(workdir)], workdir)
+    return workdir
+
+
+def test_one_process_sigterm_mid_epoch_saves_exits_143_and_resumes_bitwise(tmp_path, reference):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    cmd = _launch(workdir, "--total-limit=2", procs=1)
+    proc = _start([*cmd, "--slow=0.05"], tmp_path)
+    _wait_for(proc, lambda: _progress(workdir) >= PER_EPOCH + 6, "batches of the second epoch")
+    trainer = int(_read(workdir, "pid-rank0"))
+    # The launcher forwards nothing: a SIGTERM to it alone would orphan the trainer. A shell's
+    # Ctrl-C, SLURM and the queue manager signal the whole group, as here.
+    os.killpg(proc.pid, signal.SIGTERM)
+    code, out = _finish(proc)
+    assert code == -signal.SIGTERM, out  # the launcher died of it; the trainer saved:
+    assert not wait_gone([trainer], TIMEOUT)
+    assert _read(workdir, "exit-rank0") == "143", out
+    stopped = _progress(workdir)
+    assert PER_EPOCH < stopped < 2 * PER_EPOCH, "stopped mid-epoch"
+    assert f"preempted: checkpointed step {stopped}" in out
+    assert Checkpointer(workdir / "checkpoints" / "checkpoint_1").latest().step == stopped
+
+    out = _run(cmd, tmp_path)
+    assert f"rank 0 resumed from step {stopped}" in out
+    _assert_same_result(reference, workdir)
+    assert _folders(workdir) == ["checkpoint_1", "checkpoint_2"], "total_limit=2"
+
+
+def test_two_processes_agree_on_the_step_save_together_and_resume_bitwise(tmp_path):
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    _run(_launch(reference, procs=2), tmp_path)
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    cmd = _launch(workdir, procs=2)
+    proc = _start([*cmd, "--slow=0.05"], tmp_path)
+    half = PER_EPOCH // 2
+    _wait_for(proc, lambda: min(_progress(workdir, r) for r in (0, 1)) >= half + 3, "epoch 2")
+    trainers = [int(_read(workdir, f"pid-rank{r}")) for r in (0, 1)]
+    os.kill(proc.pid, signal.SIGTERM)  # to the launcher alone: its torchrun agent forwards it
+    code, out = _finish(proc)
+    assert code == 1, out  # torchrun's SignalException: the launcher does not exit 143
+    assert not wait_gone(trainers, TIMEOUT)
+    assert [_read(workdir, f"exit-rank{r}") for r in (0, 1)] == ["143", "143"], out
+    stopped = _progress(workdir, 0)
+    assert _progress(workdir, 1) == stopped and half < stopped < 2 * half, "one step for both"
+    assert out.count(f"preempted: checkpointed step {stopped}") == 2, out
+    latest = Checkpointer(workdir / "checkpoints" / "checkpoint_1").latest()
+    assert (latest.step, latest.world_size) == (stopped, 2), "one commit, a state per process"
+
+    out = _run(cmd, tmp_path)
+    for rank in (0, 1):
+        assert f"rank {rank} resumed from step {stopped}" in out
+    _assert_same_result(reference, workdir, ranks=2)
+    code, out = _finish(_start([sys.executable, str(SCRIPT), str(workdir)], tmp_path))
+    assert code == 1 and "saved by 2 processes, this run has 1" in out, out
+
+
+def test_sigkill_in_a_save_leaves_the_previous_checkpoint_whole_with_total_limit_1(
+    tmp_path, reference
+):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    # 64 MiB of registered state: a save lasts a few hundred ms, long enough to be cut.
+    cmd = [sys.executable, str(SCRIPT), str(workdir), "--total-limit=1", "--ballast-mib=64"]
+    cmd += ["--save-every=8"]
+    proc = _start([*cmd, "--slow=0.02"], tmp_path)
+    first, second = (workdir / "checkpoints" / f"checkpoint_{i}" for i in (0, 1))
+    _wait_for(proc, lambda: any(first.glob("step-*")), "the first commit")
+    _wait_for(proc, lambda: any(second.glob(".tmp-*")), "the second save under way")
+    proc.kill()
+    code, _ = _finish(proc)
+    assert code == -signal.SIGKILL
+    assert Checkpointer(second).latest() is None, "killed before the commit"
+    assert Checkpointer(first).verify().ok, "Accelerate would have deleted it before writing"
+    assert Checkpointer(first).latest().step == 8
+
+    out = _run(cmd, tmp_path)
+    assert "rank 0 resumed from step 8" in out
+    _assert_same_result(reference, workdir)
+    folders = _folders(workdir)
+    assert len(folders) == 1 and folders[0] not in ("checkpoint_0", "checkpoint_1"), folders
+
+
+def test_the_example_stops_on_sigterm_and_resumes(tmp_path):
+    cmd = [sys.executable, str(EXAMPLE), "--dir", str(tmp_path / "acc"), "--epochs=2"]
+    cmd += ["--samples=256", "--step-seconds=0.05"]  # 8 steps an epoch
+    proc = _start(cmd, tmp_path)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("epoch 1 step 10 "):
+            proc.send_signal(signal.SIGTERM)
+            break
+    code, out = _finish(proc)
+    assert code == 143, out
+    assert "preempted: checkpointed step 1" in out
+
+    out = _run(cmd, tmp_path)
+    assert "resumed at epoch 1, step 1" in out
+    assert "done: 16 steps" in out
