@@ -99,6 +99,11 @@ class Checkpointer:
             (reused staging buffer, pinned for GPU state) or ``"fork"`` (copy-on-write child).
         max_staging_bytes: a background save needing more snapshot memory than this is done
             synchronously instead (default: half of the memory available at the time).
+        collective: in a torch.distributed job, whether every rank takes part in each save
+            (each writes its own state; the default). ``False`` makes this checkpointer one
+            process's own, as when a framework saves from rank 0 alone: saves and cleanups run
+            no collectives, checkpoints hold one state, and every rank loads that one.
+            Sharded tensors (DTensor) need the collective path.
     """
 
     def __init__(
@@ -114,6 +119,7 @@ class Checkpointer:
         stale_after_seconds: float = 3600.0,
         async_mode: AsyncMode | str = AsyncMode.AUTO,
         max_staging_bytes: int | None = None,
+        collective: bool = True,
     ):
         if keep is not None and (not isinstance(keep, int) or keep < 1):
             raise ConfigError(f"keep must be a positive integer or None (keep all), got {keep!r}")
@@ -139,6 +145,7 @@ class Checkpointer:
         self._in_flight: SaveHandle | None = None
         self._failed: tuple[int, BaseException] | None = None
         self._warned_resize = False
+        self.collective = collective
 
     # --- properties ------------------------------------------------------------------------
 
@@ -213,13 +220,25 @@ class Checkpointer:
         flat = flatten(state)  # refuses bad input before anything touches storage
         meta = dict(metadata or {})
         # All ranks call save() at the same step, in the main thread: the place to make groups.
-        group = gloo_group("checkpoint") if is_distributed() else None
+        group = gloo_group("checkpoint") if self._distributed() else None
         if flat.sharded:
+            if not self.collective:
+                raise ConfigError(
+                    f"sharded tensors ({', '.join(list(flat.sharded)[:3])}) are saved by every "
+                    "rank together: use a Checkpointer with collective=True"
+                )
             group = self._prepare_sharded(flat, group)
             blocking = True  # DCP runs collectives of its own; not from a background thread
         if blocking:
             return self._save_now(step, flat, meta, started, group)
         return self._save_in_background(step, flat, meta, started, group)
+
+    def _distributed(self) -> bool:
+        """Whether saves and loads coordinate the ranks of a torch.distributed job."""
+        return self.collective and is_distributed()
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        return rank_and_world() if self.collective else (0, 1)
 
     def _prepare_sharded(self, flat: Flattened, group: Any) -> Any:
         if not isinstance(self._storage, LocalStorage):
@@ -653,7 +672,7 @@ class Checkpointer:
         rank: int | None = None,
         live: Callable[[], dict[str, Any]] | None = None,
     ) -> Any:
-        own_rank, world = rank_and_world()
+        own_rank, world = self._rank_and_world()
         if rank is None:
             rank = own_rank
         elif manifest.world_size != world:
@@ -727,7 +746,7 @@ class Checkpointer:
         if not all(k in targets for k in keys):
             targets = sharded.full_size_targets(directory, keys)
         targets = {k: targets[k] for k in keys}
-        group = gloo_group("checkpoint") if is_distributed() else None
+        group = gloo_group("checkpoint") if self._distributed() else None
         sharded.load_into(directory, targets, group)
         return targets
 
@@ -819,7 +838,7 @@ class Checkpointer:
 
         The save that triggered this has committed; losing a cleanup must not fail training.
         """
-        if rank_and_world()[0] != 0:
+        if self._rank_and_world()[0] != 0:
             return  # one rank deletes; the others would race it for nothing
         try:
             self._clean_up()
