@@ -178,6 +178,26 @@ class PreemptionGuard:
         self._previous = {}
         self._installed = False
 
+    def reclaim(self) -> list[signal.Signals]:
+        """Handle this guard's signals alone again where other code replaced its handler.
+
+        For frameworks that put their own handler over ours and act on the signal themselves
+        in ways that race with a save (Lightning, `preemptible.lightning`). The replacing
+        handler is not called by ours; `uninstall` still restores what was there before
+        `install`. Returns the signals taken back (none if the guard is not installed).
+
+        Raises:
+            GuardError: Not called from the main thread.
+        """
+        if not self._installed:
+            return []
+        if threading.current_thread() is not threading.main_thread():
+            raise GuardError("PreemptionGuard.reclaim() must run in the main thread")
+        taken = [sig for sig in self._signals if signal.getsignal(sig) != self._handle]
+        for sig in taken:
+            signal.signal(sig, self._handle)
+        return taken
+
     def __enter__(self) -> PreemptionGuard:
         return self.install()
 

@@ -179,6 +179,23 @@ def test_uninstall_restores_exactly_the_previous_handlers():
     guard.uninstall()  # a second uninstall is a no-op
 
 
+def test_reclaim_takes_back_a_replaced_handler_without_calling_it_and_uninstall_still_restores():
+    def before(signum, frame):
+        pass
+
+    calls: list[int] = []
+    signal.signal(signal.SIGTERM, before)
+    guard = make_guard(signals=[signal.SIGTERM, signal.SIGUSR1]).install()
+    signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))  # a framework's
+    assert guard.reclaim() == [signal.SIGTERM]  # SIGUSR1 was still ours
+    assert guard.reclaim() == []
+    signal.raise_signal(signal.SIGTERM)
+    assert guard.count == 1 and calls == []
+    guard.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert guard.reclaim() == []  # not installed: nothing to take back
+
+
 def test_only_the_chosen_signals_are_installed():
     before = signal.getsignal(signal.SIGINT)
     with make_guard(signals=[signal.SIGTERM, signal.SIGTERM, int(signal.SIGUSR1)]) as guard:
