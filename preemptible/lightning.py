@@ -18,13 +18,13 @@ Mid-epoch resume at the right batch needs a resumable data loader (torchdata's
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
 from collections.abc import Mapping
 from typing import Any
 
 import fsspec
-import torch.distributed as dist
 
 from preemptible import (
     BackendNotInstalledError,
@@ -32,7 +32,6 @@ from preemptible import (
     CheckpointError,
     CheckpointFormatError,
     CheckpointNotFoundError,
-    ConfigError,
     PreemptionGuard,
     RNGState,
 )
@@ -49,6 +48,8 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 __all__ = ["PreemptibleCheckpointIO", "PreemptionCallback"]
 
 _PREEMPTED_NAME = "preempted.ckpt"
+
+log = logging.getLogger("preemptible")
 
 
 class PreemptibleCheckpointIO(CheckpointIO):
@@ -71,7 +72,11 @@ class PreemptibleCheckpointIO(CheckpointIO):
 
     def _store(self, path: str | os.PathLike[str], options: Any = None) -> Checkpointer:
         merged = {**self.storage_options, **(options or {})}
-        return Checkpointer(os.fspath(path), keep=1, storage_options=merged or None)
+        # Lightning saves from global rank 0 alone (strategies gather the state first), and
+        # every rank loads: a collective checkpointer would wait forever for the other ranks.
+        return Checkpointer(
+            os.fspath(path), keep=1, storage_options=merged or None, collective=False
+        )
 
     def save_checkpoint(
         self,
@@ -82,18 +87,9 @@ class PreemptibleCheckpointIO(CheckpointIO):
         """Commit ``checkpoint`` atomically at ``path`` (a values-only dict: see `serialize`).
 
         Raises:
-            ConfigError: torch.distributed runs more than one process (not supported yet).
             UnsupportedStateError: the dict holds an object with no pickle-free form (e.g.
                 hyperparameters that are arbitrary classes); the message names its key.
         """
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            # Lightning calls this on rank 0 only, and Checkpointer.save is collective when
-            # torch.distributed is up: the save would wait forever for the other ranks.
-            raise ConfigError(
-                "PreemptibleCheckpointIO does not support multi-process strategies yet: "
-                "Lightning saves from rank 0 alone and Checkpointer.save expects every rank. "
-                "Use devices=1, or Lightning's default CheckpointIO for now"
-            )
         store = self._store(path, storage_options)
         latest = store.latest()
         step = 0 if latest is None else latest.step + 1
@@ -216,6 +212,15 @@ class PreemptionCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._owns_guard and not self.guard.installed:
             self.guard.install()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning has just put its SIGTERM handler over ours (Trainer._run). With several
+        # processes it broadcasts from inside that handler and raises SIGTERMException at the
+        # next batch, which races with our agreement and can end the run with status 0 and no
+        # save (seen with ddp on gloo under load); the notice is ours alone during training.
+        taken = self.guard.reclaim()
+        if taken:
+            log.debug("preemption notices by %s are handled by PreemptionCallback alone", taken)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._owns_guard:

@@ -17,7 +17,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from torch.utils.data import TensorDataset
+from torch.utils.data import DistributedSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from preemptible import Checkpointer
@@ -38,7 +38,7 @@ class Model(pl.LightningModule):
         x, y = batch
         time.sleep(self.slow)
         if os.environ.get("LT_TRACE"):
-            with open(os.path.join(self.workdir, "trace"), "a") as f:
+            with open(os.path.join(self.workdir, f"trace-rank{self.global_rank}"), "a") as f:
                 f.write(f"{self.trainer.global_step} {float(x.sum()):.6f}\n")
         return torch.nn.functional.mse_loss(self.net(x), y)
 
@@ -47,6 +47,18 @@ class Model(pl.LightningModule):
         with open(path + ".tmp", "w") as f:
             f.write(f"{self.trainer.global_step}\n")
         os.replace(path + ".tmp", path)
+
+    def train_dataloader(self) -> StatefulDataLoader:
+        gen = torch.Generator().manual_seed(1)
+        data = TensorDataset(torch.randn(96, 8, generator=gen), torch.randn(96, 1, generator=gen))
+        if self.trainer.world_size == 1:
+            return StatefulDataLoader(data, batch_size=4, shuffle=True)
+        # Several processes: a DistributedSampler of our own, whose order depends on its seed
+        # and the epoch only, so a resumed run fast-forwards through the same order. With
+        # shuffle=True, Lightning would wrap torchdata's RandomSampler, which draws a new order
+        # from the global RNG when the epoch starts (docs/lightning.md).
+        sampler = DistributedSampler(data, shuffle=True, seed=0)
+        return StatefulDataLoader(data, batch_size=4, sampler=sampler)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=1e-2)
@@ -60,9 +72,6 @@ def main() -> None:
     args = parser.parse_args()
 
     pl.seed_everything(0, workers=True)
-    gen = torch.Generator().manual_seed(1)
-    data = TensorDataset(torch.randn(96, 8, generator=gen), torch.randn(96, 1, generator=gen))
-    loader = StatefulDataLoader(data, batch_size=4, shuffle=True)
     ckpt_dir = os.path.join(args.workdir, "ckpt")
     preemption = PreemptionCallback(ckpt_dir)
     trainer = pl.Trainer(
@@ -79,9 +88,11 @@ def main() -> None:
         callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_last=True), preemption],
     )
     model = Model(args.workdir, args.slow)
-    trainer.fit(model, loader, ckpt_path=preemption.resume_path())
+    trainer.fit(model, ckpt_path=preemption.resume_path())
     optim = trainer.optimizers[0]
-    out = Checkpointer(os.path.join(args.workdir, f"final-rank{trainer.global_rank}"))
+    # Each rank keeps its own copy (collective=False): a collective save needs one shared root.
+    final = os.path.join(args.workdir, f"final-rank{trainer.global_rank}")
+    out = Checkpointer(final, collective=False)
     out.save(trainer.global_step, {"model": model.state_dict(), "optim": optim.state_dict()})
 
 
