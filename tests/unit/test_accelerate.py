@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
 import torch
 
@@ -51,14 +52,18 @@ class Flaky:
 class Run:
     """One prepared Accelerator: a model, its optimizer, a shuffled loader."""
 
-    def __init__(self, project: Path, *, total_limit: Any = None, naming: bool = True) -> None:
+    def __init__(
+        self, project: Path, *, total_limit: Any = None, naming: bool = True, accumulate: int = 1
+    ) -> None:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
         torch.manual_seed(0)
         config = ProjectConfiguration(
             project_dir=str(project), automatic_checkpoint_naming=naming, total_limit=total_limit
         )
-        self.accelerator = Accelerator(cpu=True, project_config=config)
+        self.accelerator = Accelerator(
+            cpu=True, project_config=config, gradient_accumulation_steps=accumulate
+        )
         data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
         model = torch.nn.Linear(4, 1)
         self.model, self.opt, self.loader = self.accelerator.prepare(
@@ -184,6 +189,22 @@ def test_first_run_has_nothing_to_load(run):
     with PreemptibleAccelerator(r.accelerator) as acc:
         assert acc.load_state() is None
         assert list(acc.epochs(2)) == [0, 1], "epochs whose body skips batches() still advance"
+
+
+def test_a_notice_mid_accumulation_saves_at_the_end_of_the_cycle(run):
+    r = run(accumulate=2)
+    with PreemptibleAccelerator(r.accelerator) as acc:
+        with pytest.raises(SystemExit) as stopped:
+            for n, (x, y) in enumerate(acc.batches(r.loader), 1):
+                with r.accelerator.accumulate(r.model):
+                    r.accelerator.backward(torch.nn.functional.mse_loss(r.model(x), y))
+                    r.opt.step()
+                    r.opt.zero_grad()
+                if n == 1:
+                    acc.context.guard.request("test")  # gradients of batch 1 not applied yet
+        assert stopped.value.code == 143 and acc.should_stop
+    checkpoint = Path(r.accelerator.project_dir) / "checkpoints" / "checkpoint_0"
+    assert Checkpointer(checkpoint).latest().step == 2
 
 
 # --- falling back, and what is refused ------------------------------------------------------
@@ -318,3 +339,17 @@ def test_no_warning_on_a_clean_resume(run):
         warnings.simplefilter("error", PreemptibleWarning)
         with PreemptibleAccelerator(run().accelerator) as acc:
             assert acc.load_state() == 0
+
+
+def test_an_fsspec_url_gets_the_same_naming_total_limit_and_fallback(run):
+    url = "memory://accelerate-test/run1"
+    r = run(total_limit=2)
+    with PreemptibleAccelerator(r.accelerator, checkpoint_dir=url) as acc:
+        for _ in range(3):
+            r.train(acc, 1)
+            acc.save_state()
+    names = sorted(p.rsplit("/", 1)[-1] for p in fsspec.filesystem("memory").ls(url, detail=False))
+    assert names == ["checkpoint_1", "checkpoint_2"]
+    with PreemptibleAccelerator(run(total_limit=2).accelerator, checkpoint_dir=url) as acc:
+        assert acc.load_state() == 3
+    fsspec.filesystem("memory").rm(url, recursive=True)
