@@ -1,0 +1,73 @@
+"""The examples run as their opening comments say: started, preempted for real, resumed.
+
+Each way in has one example; the others are run by their own tests: `plain_pytorch.py`
+(test_exact_resume.py), `torchrun_elastic.py` (test_torchrun.py), `accelerate_train.py`
+(test_accelerate.py), the SLURM and Kubernetes files of `integrations/` (test_slurm.py,
+test_sidecar.py, tests/unit/test_k8s_manifests.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+
+
+def _wait_for(proc: subprocess.Popen[str], prefix: str) -> None:
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:  # ends when the process does
+        seen.append(line)
+        if line.startswith(prefix):
+            return
+    raise AssertionError(f"no line starting {prefix!r}; the process said:\n{''.join(seen)}")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PREEMPTIBLE_"))}
+    return {**env, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def test_the_lightning_example_saves_on_sigterm_and_the_same_command_resumes(tmp_path):
+    argv = [sys.executable, str(EXAMPLES / "lightning_train.py"), "--dir", str(tmp_path / "run")]
+    first = subprocess.Popen(
+        [*argv, "--epochs", "2", "--batch-seconds", "0.05"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+    )
+    _wait_for(first, "epoch 0 batch 8 ")
+    first.send_signal(signal.SIGTERM)
+    out, _ = first.communicate(timeout=60)
+    assert first.returncode == 143, out
+    assert (tmp_path / "run" / "preempted.ckpt").is_dir()
+
+    second = subprocess.run(
+        [*argv, "--epochs", "2"], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=120
+    )
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"resuming from {tmp_path / 'run' / 'preempted.ckpt'}" in second.stdout
+    assert "epoch 0 batch 0 " not in second.stdout  # mid-epoch: not from the epoch's start
+    assert "done: global step 32," in second.stdout  # 2 epochs of 16 batches, none twice
+
+
+def test_the_queue_manager_demo_keeps_its_promises():
+    # `make demo`: a server, two teams, a reclaim, a bit-exact resume; it checks its own
+    # promises and exits 1 if one is broken.
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "queue_demo.py")],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "bit for bit" in done.stdout
