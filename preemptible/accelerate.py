@@ -21,9 +21,8 @@ process-wide state stay exactly theirs, we do not re-declare a constructor that 
 every Accelerate release, and the methods whose meaning changes are the ones this class
 defines. Why `Context` underneath: the notice, the agreement of the ranks, the exit code, the
 cost file, the reporters and the queue manager's link are `Context`'s; it drives the store
-below as its checkpointer, so none of that is written twice. `Context` has no public hooks for
-a loop it does not own yet, so this module calls its ``_begin``, ``_at_boundary``, ``_save`` and
-``_report`` (`docs/accelerate.md`, "Limits").
+below as its checkpointer through its methods for loops it does not run (``start``,
+``step_done``, ``save``, ``report``), so none of that is written twice.
 """
 
 from __future__ import annotations
@@ -172,11 +171,11 @@ class PreemptibleAccelerator:
         self._ensure_started()
         step = self._loop.global_step
         if output_dir is None:
-            self.context._save(step, blocking=True)
+            self.context.save(step)
             self._sync_iteration()
         else:
-            self.store.save_to(os.fspath(output_dir), step, self.context._state())
-            self.context._report()
+            self.store.save_to(os.fspath(output_dir), step, self.context.state())
+            self.context.report()
         assert self.store.last_root is not None, "set by the save that just committed"
         return self.store.last_root
 
@@ -210,7 +209,7 @@ class PreemptibleAccelerator:
             return self.context.resumed_from
         started = time.perf_counter()
         self.store.source = source
-        step = self.store.restore(self.context._state())
+        step = self.store.restore(self.context.state())
         self._sync_iteration()
         log.info("restored step %s in %.2f s", step, time.perf_counter() - started)
         return step
@@ -247,7 +246,7 @@ class PreemptibleAccelerator:
             self._loop.global_step += 1
             yield batch
             if self.accelerator.sync_gradients:
-                self.context._at_boundary(self._loop.global_step)
+                self.context.step_done(self._loop.global_step)
         if skipping is not None:  # the loader Accelerate built counted the epoch, not ours
             self.accelerator._dataloaders[index].iteration = skipping.iteration
         self._loop.end_pass()
@@ -296,7 +295,7 @@ class PreemptibleAccelerator:
         self._registered = self._live_state()
         self.context.register(accelerate=self._registered)
         self._started = True
-        self.context._begin()  # the guard, the queue link, the restore (all ranks agreeing)
+        self.context.start()  # the guard, the queue link, the restore (all ranks agreeing)
         self._sync_iteration()
 
     def _live_state(self) -> dict[str, Any]:

@@ -180,6 +180,42 @@ class Context:
         if self.step is not None:
             self._save_final(self.step)
 
+    # --- for loops that steps() does not run (framework adapters) ----------------------------
+
+    def start(self) -> int | None:
+        """What `steps` does first, for a loop it does not run: install the guard, start the
+        queue link, restore the newest checkpoint (all ranks agreeing on its step).
+
+        Returns:
+            The restored step (`resumed_from`), or None on a first run.
+
+        Raises:
+            ConfigError: already started (by this or by `steps`).
+        """
+        self._begin()
+        return self.resumed_from
+
+    def step_done(self, step: int) -> None:
+        """Step ``step`` is complete: save if the schedule says so, or, once the ranks agree on
+        a notice, checkpoint it and exit (``SystemExit``, as `steps` does). All ranks call it
+        with the same step."""
+        self.step = step
+        self._at_boundary(step)
+
+    def save(self, step: int) -> None:
+        """Checkpoint ``step`` now, blocking, and report what it cost."""
+        self.step = step
+        self._save(step, blocking=True)
+
+    def state(self) -> dict[str, Any]:
+        """Everything a checkpoint holds: the registered objects and the RNG states."""
+        return self._state()
+
+    def report(self) -> None:
+        """Send the measured cost to the cost file, the queue manager and the reporters now
+        (after a save this Context did not make)."""
+        self._report()
+
     def _begin(self) -> None:
         if self._started:
             raise ConfigError("steps() can run once per Context")

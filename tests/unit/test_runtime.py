@@ -195,3 +195,27 @@ def test_a_negotiated_grace_that_is_too_short_points_at_the_queue_config(tmp_pat
     warning = GraceCheck()(ctx.guard.grace, 50.0, measured="p95 of 9 saves")
     assert warning is not None and "(from queue manager)" in warning
     assert 'grace_max = "75s" or more' in warning
+
+
+def test_a_loop_steps_does_not_run_drives_context_with_start_step_done_and_save(tmp_path):
+    model = torch.nn.Linear(2, 1)
+    ctx = Context(tmp_path, every_steps=2, async_save=False)
+    ctx.register(model=model)
+    assert ctx.start() is None  # a first run
+    ctx.step_done(0)
+    ctx.step_done(1)  # every_steps=2: saves step 1
+    ctx.save(2)
+    assert [i.step for i in Checkpointer(tmp_path).list()] == [1, 2]
+    assert set(ctx.state()) == {"model", "_preemptible"}
+    ctx.guard.request("test")
+    with pytest.raises(SystemExit) as exit_:
+        ctx.step_done(3)
+    assert exit_.value.code == 143 and Checkpointer(tmp_path).latest().step == 3
+    ctx.close()
+
+    again = Context(tmp_path, every_steps=2)
+    again.register(model=torch.nn.Linear(2, 1))
+    assert again.start() == 3
+    with pytest.raises(ConfigError, match="once"):
+        again.start()
+    again.close()
