@@ -236,3 +236,32 @@ def test_a_sigterm_to_the_steps_only_is_heard_and_the_job_requeued(cluster: Path
     assert_resumed_without_redoing_a_step(run, total=120, restarts=1)
     final = torch.load(run / "weights.pt", weights_only=True)
     assert all(torch.equal(final[k], expected[k]) for k in expected)
+
+
+def test_the_sbatch_example_runs_as_its_comment_says(cluster: Path) -> None:
+    out = cluster / "example.out"
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "CKPT_DIR": str(cluster / "example-ckpt"),
+        "STEPS": "150",
+        "STEP_SECONDS": "0.05",
+    }
+    done = subprocess.run(
+        ["sbatch", "--parsable", "--partition=low", f"--output={out}",
+         str(ROOT / "examples" / "slurm_plain_pytorch.sbatch")],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().split(";")[0]
+    wait_until("the example's step 20", lambda: out.exists() and "step 20 " in out.read_text(), 90)
+    sh("scancel", "--signal=TERM", job_id)  # what a preemption sends its steps
+    wait_until("the example", lambda: finished(job_id), 180)
+
+    record, log = job(job_id), out.read_text()
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", log
+    saved = re.search(r"checkpointed step (\d+) ", log)
+    assert saved is not None and "checkpointed, requeueing (exit 85)" in log, log
+    steps = [int(s) for s in re.findall(r"^step (\d+) loss", log, re.MULTILINE)]
+    assert steps == list(range(150)), "every step once: resumed right after the checkpoint"
+    assert "run 1 starts" in log and "final loss" in log
