@@ -71,3 +71,13 @@ def test_the_queue_manager_demo_keeps_its_promises():
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "bit for bit" in done.stdout
+
+
+def test_the_checkpoint_demo_recovers_from_a_torn_save_and_a_flipped_bit(tmp_path):
+    # `make demo-checkpoint`; it works in runs/demo under its working directory.
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "checkpoint_demo.py")],
+        capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "training can resume at" in done.stdout
