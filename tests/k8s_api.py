@@ -30,6 +30,18 @@ TOKEN = "sa-token-Zm9v"
 """The token the fake service account holds (a projected token ends without a newline)."""
 
 
+def assert_pod_patch(
+    request: dict[str, Any], *, namespace: str, pod: str, annotations: dict[str, str] | None
+) -> None:
+    """``request`` is the merge patch of a pod's annotations, with the mounted token."""
+    assert request["method"] == "PATCH"
+    assert request["path"] == f"/api/v1/namespaces/{namespace}/pods/{pod}"
+    assert request["headers"]["Content-Type"] == "application/merge-patch+json"
+    assert request["headers"]["Authorization"] == f"bearer {TOKEN}"  # the client's spelling
+    if annotations is not None:
+        assert request["body"] == {"metadata": {"annotations": annotations}}
+
+
 class FakeApiServer:
     """Records every PATCH; answers with the next status of `statuses` (then 200)."""
 

@@ -27,7 +27,7 @@ pytest.importorskip("kubernetes")
 from preemptible.checkpoint.stats import CheckpointCost, Summary
 from preemptible.cost import read_cost_file, write_cost_file
 from preemptible.reporters.kubernetes import cost_annotations
-from tests.k8s_api import TOKEN, FakeCluster, fake_cluster
+from tests.k8s_api import TOKEN, FakeCluster, assert_pod_patch, fake_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 AT = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -188,21 +188,18 @@ def test_the_sidecar_patches_its_pod_serves_metrics_and_exits_0_on_sigterm(
     assert code == 0 and took < 3.0, f"exit {code} after {took:.1f} s"
 
     first, second = cluster.server.requests
-    for request in (first, second):
-        assert request["method"] == "PATCH"
-        assert request["path"] == "/api/v1/namespaces/team-a/pods/train-abc12"
-        assert request["headers"]["Content-Type"] == "application/merge-patch+json"
-        assert request["headers"]["Authorization"] == f"bearer {TOKEN}"  # the file's token
-    assert first["body"] == {
-        "metadata": {
-            "annotations": {
-                "preemptible.dev/save-seconds-p95": "2.500",
-                "preemptible.dev/restore-seconds": "0.750",
-                "preemptible.dev/checkpoint-bytes": "4096",
-                "preemptible.dev/last-checkpoint-time": "2026-01-01T00:01:40Z",
-            }
-        }
-    }
+    assert_pod_patch(
+        first,
+        namespace="team-a",
+        pod="train-abc12",
+        annotations={
+            "preemptible.dev/save-seconds-p95": "2.500",
+            "preemptible.dev/restore-seconds": "0.750",
+            "preemptible.dev/checkpoint-bytes": "4096",
+            "preemptible.dev/last-checkpoint-time": "2026-01-01T00:01:40Z",
+        },
+    )
+    assert_pod_patch(second, namespace="team-a", pod="train-abc12", annotations=None)
     assert second["body"]["metadata"]["annotations"]["preemptible.dev/save-seconds-p95"] == "6.000"
     assert second["body"]["metadata"]["annotations"]["preemptible.dev/last-checkpoint-time"] == (
         "2026-01-01T00:03:20Z"

@@ -89,6 +89,37 @@ def submit_training(
     return done.stdout.strip().split(";")[0]
 
 
+def train_on_slurm(
+    cluster: Path,
+    tmp_path: Path,
+    name: str,
+    *,
+    total: int,
+    every: int,
+    step_s: float,
+    sbatch_args: list[str],
+    env: dict[str, str] | None = None,
+) -> tuple[str, Path, dict[str, torch.Tensor]]:
+    """Submit `scripts/queue_train.py` through train.sbatch: the job id, its folder, and the
+    weights an uninterrupted run of the same training ends with."""
+    train_args = ["--total", str(total), "--every", str(every)]
+    expected = reference(tmp_path, train_args)
+    job_id = submit_training(
+        cluster,
+        name,
+        sbatch_args=sbatch_args,
+        train_args=[*train_args, "--step-s", str(step_s)],
+        env=env or {},
+    )
+    return job_id, cluster / name, expected
+
+
+def assert_bitwise_equal(run: Path, expected: dict[str, torch.Tensor]) -> None:
+    final = torch.load(run / "weights.pt", weights_only=True)
+    assert final.keys() == expected.keys()
+    assert all(torch.equal(final[k], expected[k]) for k in expected), "the weights differ"
+
+
 def reference(tmp_path: Path, train_args: list[str]) -> dict[str, torch.Tensor]:
     """The same training without SLURM and without interruption (no sleeping: same numbers)."""
     out = tmp_path / "reference.pt"
@@ -121,23 +152,16 @@ def assert_resumed_without_redoing_a_step(run: Path, total: int, restarts: int) 
 def test_a_preempted_job_checkpoints_in_its_grace_is_requeued_and_ends_bitwise_equal(
     cluster: Path, tmp_path: Path
 ) -> None:
-    train_args = ["--total", "160", "--every", "25"]
-    expected = reference(tmp_path, train_args)
-    low = submit_training(
-        cluster,
-        "preempted",
+    low, run, expected = train_on_slurm(
+        cluster, tmp_path, "preempted", total=160, every=25, step_s=0.05,
         sbatch_args=["--partition=low", "--cpus-per-task=2", "--gres=gpu:4"],
-        train_args=[*train_args, "--step-s", "0.05"],
-        env={},
-    )
-    run = cluster / "preempted"
+    )  # fmt: skip
     wait_until("the low job's first steps", lambda: (run / "weights.pt.steps").exists(), 60)
     time.sleep(1.0)
     high = sh(
         "sbatch", "--parsable", "--partition=high", "--cpus-per-task=2", "--gres=gpu:4",
         f"--output={cluster}/high.out", "--wrap", "sleep 2",
     ).strip()  # fmt: skip
-    submitted_high_at = time.time()
     wait_until("the high job", lambda: finished(high), 120)
     wait_until("the low job", lambda: finished(low), 180)
 
@@ -151,13 +175,9 @@ def test_a_preempted_job_checkpoints_in_its_grace_is_requeued_and_ends_bitwise_e
     assert after_notice_s < GRACE_TIME_S
     assert attempts(run)[0][-1] == stopped_at  # the run ended on the step it checkpointed
     assert job(high)["JobState"] == "COMPLETED"
-    first_restart = re.search(r"(\S+) job \d+ run 1 starts", log)
-    assert first_restart is not None
     assert_resumed_without_redoing_a_step(run, total=160, restarts=1)
 
-    final = torch.load(run / "weights.pt", weights_only=True)
-    assert final.keys() == expected.keys()
-    assert all(torch.equal(final[k], expected[k]) for k in expected)  # bitwise
+    assert_bitwise_equal(run, expected)
 
     # The job advertised its measured cost in its comment (the slurm reporter).
     comment = sh("squeue", "-h", "--states=all", "-j", low, "-o", "%k").strip()
@@ -165,7 +185,6 @@ def test_a_preempted_job_checkpoints_in_its_grace_is_requeued_and_ends_bitwise_e
     assert comment.startswith("preemptible ") and float(values["save_p95_s"]) > 0, comment
     assert float(values["restore_s"]) > 0  # reported by the resumed run, after its restore
     assert int(values["bytes"]) > 0
-    assert time.time() - submitted_high_at < 180
 
 
 def test_a_job_near_its_time_limit_checkpoints_and_requeues_itself(
@@ -173,16 +192,11 @@ def test_a_job_near_its_time_limit_checkpoints_and_requeues_itself(
 ) -> None:
     # --time=1 (minute) and a 59 s lead: SLURM checks for due warnings every 30 s, so SIGUSR1 comes
     # 1 to 31 s into each run, before the 40 s of work end.
-    train_args = ["--total", "400", "--every", "50"]
-    expected = reference(tmp_path, train_args)
-    job_id = submit_training(
-        cluster,
-        "time-limit",
+    job_id, run, expected = train_on_slurm(
+        cluster, tmp_path, "time-limit", total=400, every=50, step_s=0.1,
         sbatch_args=["--partition=low", "--time=1", "--cpus-per-task=1"],
-        train_args=[*train_args, "--step-s", "0.1"],
         env={"SBATCH_SIGNAL": "B:USR1@59"},
-    )
-    run = cluster / "time-limit"
+    )  # fmt: skip
     wait_until("the time-limited job", lambda: finished(job_id), 400)
 
     record, log = job(job_id), (run / "job.out").read_text()
@@ -191,8 +205,7 @@ def test_a_job_near_its_time_limit_checkpoints_and_requeues_itself(
     assert log.count("SIGUSR1, passing SIGTERM to its steps") >= restarts
     assert log.count("checkpointed, requeueing (exit 85)") == restarts
     assert_resumed_without_redoing_a_step(run, total=400, restarts=restarts)
-    final = torch.load(run / "weights.pt", weights_only=True)
-    assert all(torch.equal(final[k], expected[k]) for k in expected)
+    assert_bitwise_equal(run, expected)
 
 
 def test_a_job_reads_its_grace_from_the_partition_and_its_signal(cluster: Path) -> None:
@@ -215,16 +228,10 @@ def test_a_job_reads_its_grace_from_the_partition_and_its_signal(cluster: Path) 
 def test_a_sigterm_to_the_steps_only_is_heard_and_the_job_requeued(cluster: Path, tmp_path: Path):
     # Without preempt_send_user_signal, preemption sends SIGTERM at the start of GraceTime to the
     # job's steps and not to the batch shell; `scancel --signal=TERM` delivers exactly that.
-    train_args = ["--total", "120", "--every", "40"]
-    expected = reference(tmp_path, train_args)
-    job_id = submit_training(
-        cluster,
-        "steps-only",
+    job_id, run, expected = train_on_slurm(
+        cluster, tmp_path, "steps-only", total=120, every=40, step_s=0.05,
         sbatch_args=["--partition=low", "--cpus-per-task=1"],
-        train_args=[*train_args, "--step-s", "0.05"],
-        env={},
-    )
-    run = cluster / "steps-only"
+    )  # fmt: skip
     wait_until("the job's first steps", lambda: (run / "weights.pt.steps").exists(), 60)
     sh("scancel", "--signal=TERM", job_id)
     wait_until("the job", lambda: finished(job_id), 180)
@@ -234,8 +241,7 @@ def test_a_sigterm_to_the_steps_only_is_heard_and_the_job_requeued(cluster: Path
     assert "passing SIGTERM" not in log  # the batch shell heard nothing
     assert "checkpointed, requeueing (exit 85)" in log
     assert_resumed_without_redoing_a_step(run, total=120, restarts=1)
-    final = torch.load(run / "weights.pt", weights_only=True)
-    assert all(torch.equal(final[k], expected[k]) for k in expected)
+    assert_bitwise_equal(run, expected)
 
 
 def test_the_sbatch_example_runs_as_its_comment_says(cluster: Path) -> None:

@@ -25,7 +25,7 @@ from preemptible.reporters import Deferred, Reporters, from_env
 from preemptible.reporters.kubernetes import PodAnnotations
 from preemptible.reporters.prometheus import PrometheusGauges
 from preemptible.reporters.slurm import SlurmComment
-from tests.k8s_api import TOKEN, FakeApiServer, fake_cluster
+from tests.k8s_api import FakeApiServer, assert_pod_patch, fake_cluster
 
 AT = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
@@ -68,20 +68,17 @@ def test_the_pod_is_merge_patched_with_the_annotations_and_the_mounted_token(api
     reporter.report(make_cost())
     reporter.close()
     [request] = server.requests
-    assert request["method"] == "PATCH"
-    assert request["path"] == "/api/v1/namespaces/team-a/pods/trainer-0"
-    assert request["headers"]["Content-Type"] == "application/merge-patch+json"
-    assert request["headers"]["Authorization"] == f"bearer {TOKEN}"  # the client's spelling
-    assert request["body"] == {
-        "metadata": {
-            "annotations": {
-                "preemptible.dev/save-seconds-p95": "2.000",
-                "preemptible.dev/restore-seconds": "1.500",
-                "preemptible.dev/checkpoint-bytes": "1000",
-                "preemptible.dev/last-checkpoint-time": "2026-01-01T00:00:00Z",
-            }
-        }
-    }
+    assert_pod_patch(
+        request,
+        namespace="team-a",
+        pod="trainer-0",
+        annotations={
+            "preemptible.dev/save-seconds-p95": "2.000",
+            "preemptible.dev/restore-seconds": "1.500",
+            "preemptible.dev/checkpoint-bytes": "1000",
+            "preemptible.dev/last-checkpoint-time": "2026-01-01T00:00:00Z",
+        },
+    )
 
 
 def test_pod_name_and_namespace_come_from_the_downward_api_and_the_prefix_is_configurable(
