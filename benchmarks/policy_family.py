@@ -26,10 +26,11 @@ The same goals also judge each baseline against the other four policies (ours in
 ours in kueue's place where kueue is the one judged: how much the goals ask of any policy.
 
     .venv/bin/python benchmarks/policy_family.py [--draws 40] [--seed-base 0] [--workers N]
-        [--only SEED[,SEED]] [--issue] [--json out.json] [--jobs N]
+        [--only SEED[,SEED]] [--issue [SEED[,SEED]]] [--json out.json] [--jobs N]
 
 `--only` replays the named draws (the worst draws are printed with that command); `--issue`
-replays the workload of issue 23 (`family.issue_workload`) beside the numbers the issue reports;
+replays the workload of issue 23 (`family.issue_workload`, seed 0 or the seeds given) beside the
+numbers the issue reports;
 `--jobs` shrinks every draw to N jobs for a quick look (its numbers are not the family's).
 Same seeds, same numbers: only the wall times differ between runs.
 """
@@ -267,7 +268,7 @@ def draw_line(d: dict[str, Any]) -> str:
     g = d["goals"]
     gp, p95, ls, lost = g["goodput"], g["p95_wait"], g["least_served"], g["lost"]
     return (
-        f"{d['name']:>5}  {short_knobs(d['knobs']):<38}"
+        f"{d['name']:>7}  {short_knobs(d['knobs']):<38}"
         f"{gp['ours']:6.1%} {gp['best']:6.1%} {gp['best_policy'][0]} {gp['quota_peer']:6.1%} "
         f"{_mark(gp['met'])}  "
         f"{_h(p95['ours']):>7} {_h(p95['best']):>7} {p95['best_policy'][0]} {_mark(p95['met'])}  "
@@ -278,13 +279,14 @@ def draw_line(d: dict[str, Any]) -> str:
 
 
 HEADER = (
-    f"{'seed':>5}  {'knobs':<38}{'goodput: ours best    kueue':<30}"
+    f"{'draw':>7}  {'knobs':<38}{'goodput: ours best    kueue':<30}"
     f"{'p95 wait: ours best':<22}{'least-served: ours best':<24}"
     f"{'lost: share GPU-h kueue':<26}all"
 )
 
 
-def print_report(draws: list[dict[str, Any]], wall: float, workers: int) -> None:
+def print_report(draws: list[dict[str, Any]], wall: float, workers: int, flags: str = "") -> None:
+    """The per-draw table, the counts, the worst draws (with `flags` in their replay command)."""
     print(HEADER)
     for d in draws:
         print(draw_line(d))
@@ -309,7 +311,10 @@ def print_report(draws: list[dict[str, Any]], wall: float, workers: int) -> None
             state = "met" if d["goals"][goal]["met"] else "missed"
             print(f"  {draw_line(d).strip()}")
             print(f"      {state}; {d['summary']}")
-            print(f"      replay: .venv/bin/python benchmarks/policy_family.py --only {d['seed']}")
+            again = (
+                f"--issue {d['seed']}" if d["name"].startswith("issue") else f"--only {d['seed']}"
+            )
+            print(f"      replay: .venv/bin/python benchmarks/policy_family.py {again}{flags}")
     replays = sum(r["wall_s"] for d in draws for r in d["policies"].values())
     print(
         f"\n{n} draws x {len(POLICIES)} policies in {wall:.0f}s wall on {workers} workers "
@@ -317,8 +322,8 @@ def print_report(draws: list[dict[str, Any]], wall: float, workers: int) -> None
     )
 
 
-def print_issue(d: dict[str, Any], wall: float) -> None:
-    print(f"issue 23's workload: {d['summary']}")
+def print_issue(d: dict[str, Any]) -> None:
+    print(f"issue 23's workload, seed {d['seed']}: {d['summary']}")
     print(
         f"{'policy':<12}{'goodput':>9}{'p95 wait':>10}{'least-served':>14}{'mean JCT':>10}"
         f"{'lost GPU-h':>12}   issue: goodput, p95, least-served, JCT, lost"
@@ -330,8 +335,11 @@ def print_issue(d: dict[str, Any], wall: float) -> None:
             f"{_h(r['least_served_max_wait_s']):>14}{_h(r['mean_jct_s']):>10}"
             f"{r['lost_gpu_h']:>12.0f}   {g:.1%}, {p95:.1f}h, {ls:.1f}h, {jct:.1f}h, {lost:.0f}"
         )
-    print("goals: " + ", ".join(f"{g} {_mark(d['goals'][g]['met'])}" for g in GOALS))
-    print(f"(demand {d['policies'][OURS]['demand_ratio']:.3f}x; {wall:.0f}s wall)")
+    print(
+        "goals: "
+        + ", ".join(f"{g} {_mark(d['goals'][g]['met'])}" for g in GOALS)
+        + f" (demand {d['policies'][OURS]['demand_ratio']:.3f}x)\n"
+    )
 
 
 def _finite(value: Any) -> Any:
@@ -343,6 +351,16 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
+
+
+def _seeds(parser: argparse.ArgumentParser, option: str, text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        parser.error(f"{option} takes seeds separated by commas, not {text!r}")
+    if any(s < 0 for s in seeds):
+        parser.error(f"{option} takes seeds of 0 or more")
+    return seeds
 
 
 def main() -> None:
@@ -358,7 +376,13 @@ def main() -> None:
         help="replays run in parallel (default: one per CPU, %(default)s)",
     )
     parser.add_argument("--only", metavar="SEED[,SEED]", help="replay these draws only")
-    parser.add_argument("--issue", action="store_true", help="replay issue 23's workload")
+    parser.add_argument(
+        "--issue",
+        nargs="?",
+        const="0",
+        metavar="SEED[,SEED]",
+        help="replay issue 23's workload (seed 0, or these seeds of its jobs)",
+    )
     parser.add_argument("--json", type=Path, help="also write every draw's numbers here")
     parser.add_argument(
         "--jobs",
@@ -371,16 +395,10 @@ def main() -> None:
         parser.error("--draws and --workers must be 1 or more, --seed-base 0 or more")
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs must be 1 or more, not {args.jobs}")
-    if args.issue:
-        draws = {"issue": issue_knobs()}
+    if args.issue is not None:
+        draws = {f"issue-{s}": issue_knobs(s) for s in _seeds(parser, "--issue", args.issue)}
     elif args.only:
-        try:
-            seeds = [int(s) for s in args.only.split(",")]
-        except ValueError:
-            parser.error(f"--only takes seeds separated by commas, not {args.only!r}")
-        if any(s < 0 for s in seeds):
-            parser.error("--only takes seeds of 0 or more")
-        draws = {str(s): draw_knobs(s) for s in seeds}
+        draws = {str(s): draw_knobs(s) for s in _seeds(parser, "--only", args.only)}
     else:
         seeds = list(range(args.seed_base, args.seed_base + args.draws))
         draws = {str(s): draw_knobs(s) for s in seeds}
@@ -388,10 +406,14 @@ def main() -> None:
         draws = {name: dataclasses.replace(k, jobs=args.jobs) for name, k in draws.items()}
     print(f"{len(draws)} draws x {len(POLICIES)} policies on {args.workers} workers", flush=True)
     reports, wall = run(draws, args.workers)
-    if args.issue:
-        print_issue(reports[0], wall)
+    if args.issue is not None:
+        for report in reports:
+            print_issue(report)
+    if len(reports) > 1:
+        flags = "" if args.jobs is None else f" --jobs {args.jobs}"
+        print_report(reports, wall, args.workers, flags)
     else:
-        print_report(reports, wall, args.workers)
+        print(f"{wall:.0f}s wall")
     if args.json:
         report = {"draws": reports, "counts": counts(reports), "wall_s": wall}
         args.json.write_text(json.dumps(_finite(report), indent=1))

@@ -332,8 +332,21 @@ def test_the_command_replays_named_draws_and_writes_json(tmp_path):
     assert set(report["counts"]) == {"fifo", "priority", "kueue", "slurm", "preemptible"}
 
 
+def test_the_command_replays_the_issue_workload_beside_the_issues_numbers():
+    cmd = [sys.executable, str(BENCHMARK), "--issue", "--jobs", "120", "--workers", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "issue 23's workload, seed 0" in done.stdout
+    assert "91.3%, 30.9h, 39.1h, 18.0h, 0" in done.stdout  # the issue's fifo row
+    assert "all four" not in done.stdout  # one draw: no counts
+    cmd[3:3] = ["0,1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "seed 1" in done.stdout and "--issue 1" in done.stdout
+
+
 def test_bad_arguments_are_refused(tmp_path):
-    for args in (["--only", "x"], ["--draws", "0"], ["--jobs", "0"]):
+    for args in (["--only", "x"], ["--draws", "0"], ["--jobs", "0"], ["--issue", "-1"]):
         done = subprocess.run(
             [sys.executable, str(BENCHMARK), *args], capture_output=True, text=True, timeout=60
         )
