@@ -386,9 +386,14 @@ class Soak:
                 for e in by_job[job_id]
                 if e["kind"] in ("requeued", "cancelled")
                 and at <= e["at"] <= until
-                and ("gone" in e["reason"] or e["reason"] in notices)  # vanished, or was leaving
+                # vanished, or was leaving (a notice), or its cancel was asked for: then it ends
+                # "stopped on request" whatever ended its process
+                and (e["kind"] == "cancelled" or "gone" in e["reason"] or e["reason"] in notices)
             ]
-            assert requeued, f"{job_id} attempt {n} was killed but not requeued: {by_job[job_id]}"
+            assert requeued, (
+                f"{job_id} attempt {n} was killed but neither requeued nor cancelled: "
+                f"{by_job[job_id]}"
+            )
         kinds: dict[str, int] = defaultdict(int)
         for e in events:
             kinds[e["kind"]] += 1
