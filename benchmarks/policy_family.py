@@ -48,7 +48,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from preemptible.queue.core import POLICIES, parse_config_text
+from preemptible.queue.core import POLICIES, Policy, parse_config_text
 from preemptible.sim import Simulator, TraceJob, summarize
 from preemptible.sim.family import Knobs, draw_knobs, issue_knobs, workload
 
@@ -84,11 +84,14 @@ def _workload(knobs: Knobs) -> tuple[list[TraceJob], str]:
     return workload(knobs)
 
 
-def replay(knobs: Knobs, policy: str) -> dict[str, Any]:
-    """One draw under one policy: the numbers the goals read."""
+def replay(knobs: Knobs, policy: str, switches: dict[str, bool] | None = None) -> dict[str, Any]:
+    """One draw under one policy (ours with `switches` changed): the numbers the goals read."""
     jobs, cfg = _workload(knobs)
     started = time.perf_counter()
-    o = summarize(Simulator(jobs, parse_config_text(cfg), POLICIES[policy]).run())["overall"]
+    rules = POLICIES[policy]
+    if policy == OURS and switches:
+        rules = dataclasses.replace(rules, **switches)
+    o = summarize(Simulator(jobs, parse_config_text(cfg), rules).run())["overall"]
     return {
         "policy": policy,
         "goodput": o["goodput_while_arriving"],
@@ -222,17 +225,24 @@ def worst(draws: list[dict[str, Any]], goal: str, n: int = WORST) -> list[dict[s
     return sorted(draws, key=lambda d: (-d["goals"][goal]["excess"], d["seed"]))[:n]
 
 
-def run(draws: dict[str, Knobs], workers: int) -> tuple[list[dict[str, Any]], float]:
+def run(
+    draws: dict[str, Knobs],
+    workers: int,
+    switches: dict[str, bool] | None = None,
+    baselines: dict[str, dict[str, dict[str, Any]]] | None = None,
+) -> tuple[list[dict[str, Any]], float]:
     """Every draw under every policy, in parallel; the reports in the given order and the wall
     time. A line per finished draw goes to stderr. Ours is the slowest replay, so its tasks go
-    first.
+    first. With `baselines` (per draw, from an earlier run's JSON) only ours is replayed.
     """
-    order = [OURS, *BASELINES]
+    order = [OURS] if baselines else [OURS, *BASELINES]
     started = time.perf_counter()
     got: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in draws}
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = {
-            pool.submit(replay, knobs, p): name for p in order for name, knobs in draws.items()
+            pool.submit(replay, knobs, p, switches): name
+            for p in order
+            for name, knobs in draws.items()
         }
         for future in as_completed(futures):
             r = future.result()
@@ -248,6 +258,8 @@ def run(draws: dict[str, Knobs], workers: int) -> tuple[list[dict[str, Any]], fl
                     flush=True,
                 )
     wall = time.perf_counter() - started
+    for name in draws if baselines else ():
+        got[name].update({p: baselines[name][p] for p in BASELINES})
     reports = [
         draw_report(name, knobs, {p: got[name][p] for p in (*BASELINES, OURS)})
         for name, knobs in draws.items()
@@ -335,7 +347,7 @@ def print_report(draws: list[dict[str, Any]], wall: float, workers: int, flags: 
     replays = sum(r["wall_s"] for d in draws for r in d["policies"].values())
     print(
         f"\n{n} draws x {len(POLICIES)} policies in {wall:.0f}s wall on {workers} workers "
-        f"({replays:.0f}s of replays)"
+        f"({replays:.0f}s of replays, counting baselines taken from --baselines)"
     )
 
 
@@ -357,6 +369,32 @@ def print_issue(d: dict[str, Any]) -> None:
         + ", ".join(f"{g} {_mark(d['goals'][g]['met'])}" for g in GOALS)
         + f" (demand {d['policies'][OURS]['demand_ratio']:.3f}x)\n"
     )
+
+
+def _switches(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, bool]:
+    """``--switch loan_backfill=false`` pairs, checked against ours' boolean rules."""
+    names = {f.name for f in dataclasses.fields(Policy) if f.type in (bool, "bool")}
+    out: dict[str, bool] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in names or value.lower() not in ("true", "false"):
+            parser.error(f"--switch {item}: give RULE=true|false, RULE one of {sorted(names)}")
+        out[name] = value.lower() == "true"
+    return out
+
+
+def _baselines(
+    parser: argparse.ArgumentParser, path: Path, names: list[str]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The baselines' numbers per draw from an earlier ``--json`` run of the same draws."""
+    try:
+        saved = {d["name"]: d["policies"] for d in json.loads(path.read_text())["draws"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        parser.error(f"--baselines {path}: not the --json output of this script ({e!r})")
+    missing = [n for n in names if n not in saved or not set(BASELINES) <= set(saved[n])]
+    if missing:
+        parser.error(f"--baselines {path} lacks the draws {', '.join(missing[:5])}")
+    return {n: saved[n] for n in names}
 
 
 def _seeds(parser: argparse.ArgumentParser, option: str, text: str) -> list[int]:
@@ -396,7 +434,22 @@ def main() -> None:
         metavar="N",
         help="give every draw N jobs instead of its own count: a quick look, not the family",
     )
+    parser.add_argument(
+        "--switch",
+        action="append",
+        default=[],
+        metavar="RULE=BOOL",
+        help="replay ours with one of its rules changed (repeatable), e.g. loan_backfill=false",
+    )
+    parser.add_argument(
+        "--baselines",
+        type=Path,
+        metavar="JSON",
+        help="take the baselines' numbers from an earlier --json run of the same draws and "
+        "replay ours only (with --switch: a rule's effect in a fifth of the time)",
+    )
     args = parser.parse_args()
+    switches = _switches(parser, args.switch)
     if args.draws < 1 or args.workers < 1 or args.seed_base < 0:
         parser.error("--draws and --workers must be 1 or more, --seed-base 0 or more")
     if args.jobs is not None and args.jobs < 1:
@@ -410,13 +463,19 @@ def main() -> None:
         draws = {str(s): draw_knobs(s) for s in seeds}
     if args.jobs is not None:
         draws = {name: dataclasses.replace(k, jobs=args.jobs) for name, k in draws.items()}
-    print(f"{len(draws)} draws x {len(POLICIES)} policies on {args.workers} workers", flush=True)
-    reports, wall = run(draws, args.workers)
+    baselines = _baselines(parser, args.baselines, list(draws)) if args.baselines else None
+    variant = "".join(f" --switch {k}={str(v).lower()}" for k, v in switches.items())
+    print(
+        f"{len(draws)} draws x {1 if baselines else len(POLICIES)} policies on {args.workers} "
+        f"workers{variant}",
+        flush=True,
+    )
+    reports, wall = run(draws, args.workers, switches, baselines)
     if args.issue is not None:
         for report in reports:
             print_issue(report)
     if len(reports) > 1:
-        flags = "" if args.jobs is None else f" --jobs {args.jobs}"
+        flags = ("" if args.jobs is None else f" --jobs {args.jobs}") + variant
         print_report(reports, wall, args.workers, flags)
     else:
         print(f"{wall:.0f}s wall")

@@ -340,6 +340,34 @@ def test_the_command_replays_named_draws_and_writes_json(tmp_path):
     assert set(report["counts"]) == {"fifo", "priority", "kueue", "slurm", "preemptible"}
 
 
+def test_a_rule_switched_off_replays_ours_only_against_saved_baselines(tmp_path):
+    out = tmp_path / "family.json"
+    cmd = [sys.executable, str(BENCHMARK), "--only", "4,2", "--jobs", "120", "--workers", "2"]
+    first = subprocess.run(
+        [*cmd, "--json", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert first.returncode == 0, first.stderr
+    variant = [*cmd, "--baselines", str(out), "--switch", "loan_backfill=false"]
+    again = subprocess.run(
+        [*variant, "--json", str(tmp_path / "v.json")],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "2 draws x 1 policies on 2 workers --switch loan_backfill=false" in again.stdout
+    assert "--only 4 --jobs 120 --switch loan_backfill=false" in again.stdout  # replayable
+    before = {d["seed"]: d["policies"] for d in json.loads(out.read_text())["draws"]}
+    after = {
+        d["seed"]: d["policies"] for d in json.loads((tmp_path / "v.json").read_text())["draws"]
+    }
+    for seed in (4, 2):
+        assert all(
+            after[seed][p] == before[seed][p] for p in ("fifo", "priority", "kueue", "slurm")
+        )
+    for bad in (["--switch", "loans=false"], ["--baselines", str(tmp_path / "none.json")]):
+        done = subprocess.run([*cmd, *bad], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert done.returncode == 2 and "error:" in done.stderr, done.stderr
+
+
 def test_the_command_replays_the_issue_workload_beside_the_issues_numbers():
     cmd = [sys.executable, str(BENCHMARK), "--issue", "--jobs", "120", "--workers", "2"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
