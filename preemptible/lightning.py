@@ -140,8 +140,8 @@ class PreemptionCallback(Callback):
     """Save at the end of the batch in which a notice arrived, then exit ``128 + signum``.
 
     The guard is installed in ``setup``, before Lightning registers its own handlers, so
-    Lightning chains ours on SIGTERM and leaves SIGUSR1 to us even with SLURM's
-    ``auto_requeue`` (`docs/lightning.md`). The save goes to ``dirpath/preempted.ckpt`` via
+    Lightning leaves SIGUSR1 to us even with SLURM's ``auto_requeue``; it composes its own
+    SIGTERM handler over ours, and ``on_train_start`` takes SIGTERM back (`docs/lightning.md`). The save goes to ``dirpath/preempted.ckpt`` via
     ``trainer.save_checkpoint``, hence through the trainer's CheckpointIO; with
     `PreemptibleCheckpointIO` it is atomic. The process leaves by raising ``SystemExit``, which
     Lightning turns into its teardown (``on_exception`` hooks, loggers closed) before the exit.
