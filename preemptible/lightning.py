@@ -141,10 +141,11 @@ class PreemptionCallback(Callback):
 
     The guard is installed in ``setup``, before Lightning registers its own handlers, so
     Lightning leaves SIGUSR1 to us even with SLURM's ``auto_requeue``; it composes its own
-    SIGTERM handler over ours, and ``on_train_start`` takes SIGTERM back (`docs/lightning.md`). The save goes to ``dirpath/preempted.ckpt`` via
-    ``trainer.save_checkpoint``, hence through the trainer's CheckpointIO; with
-    `PreemptibleCheckpointIO` it is atomic. The process leaves by raising ``SystemExit``, which
-    Lightning turns into its teardown (``on_exception`` hooks, loggers closed) before the exit.
+    SIGTERM handler over ours, and ``on_train_start`` takes SIGTERM back (`docs/lightning.md`).
+    The save goes to ``dirpath/preempted.ckpt`` via ``trainer.save_checkpoint``, hence through
+    the trainer's CheckpointIO; with `PreemptibleCheckpointIO` it is atomic. The process leaves
+    by raising ``SystemExit``, which Lightning turns into its teardown (``on_exception`` hooks,
+    loggers closed) before the exit.
 
     Args:
         dirpath: where checkpoints live; give ``ModelCheckpoint`` the same one so that
