@@ -103,6 +103,10 @@ class SimResult:
     fragmentation_mean: float
     timeline_edges: list[float] = field(default_factory=list)
     timeline_gpu_s: dict[str, list[float]] = field(default_factory=dict)
+    timeline_lost_gpu_s: dict[str, list[float]] = field(default_factory=dict)
+    """GPU-seconds lost per queue and bin, charged at the preemption (as `lost_gpu_s`)."""
+    timeline_preemptions: dict[str, list[int]] = field(default_factory=dict)
+    """Preemptions (moves included) per queue and bin."""
 
 
 class Simulator:
@@ -337,10 +341,20 @@ class Simulator:
 
 
 def _timeline(result: SimResult, bins: int) -> None:
-    """GPU-seconds held per queue in equal time bins (for the utilisation and share plots)."""
+    """GPU-seconds held, GPU-seconds lost and preemptions per queue in equal time bins (for
+    the utilisation, share, goodput and preemption plots)."""
     span = max(result.end_s - result.start_s, 1.0)
     width = span / bins
     result.timeline_edges = [result.start_s + i * width for i in range(bins + 1)]
+    lost: dict[str, list[float]] = {}
+    preemptions: dict[str, list[int]] = {}
+    for rec in result.records:
+        for at, amount in rec.lost_log:
+            i = min(int((at - result.start_s) / width), bins - 1)
+            lost.setdefault(rec.trace.queue, [0.0] * bins)[i] += amount
+            preemptions.setdefault(rec.trace.queue, [0] * bins)[i] += 1
+    result.timeline_lost_gpu_s = lost
+    result.timeline_preemptions = preemptions
     series: dict[str, list[float]] = {}
     for rec in result.records:
         for start, end in rec.runs:
