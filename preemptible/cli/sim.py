@@ -1,6 +1,7 @@
 """`preemptible sim`: replay a trace through the scheduling core, side by side per policy.
 
     preemptible sim --trace FILE --config queue.toml [--policy NAME|all] [--json FILE] [--plot DIR]
+        [--html FILE]
     preemptible sim import SOURCE.csv OUT.csv [--config-out queue.toml]
     preemptible sim synth OUT.csv --jobs N --gpus G [--config-out queue.toml]
 
@@ -12,12 +13,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
 from preemptible.errors import PreemptibleError
+from preemptible.sim.metrics import COMPARISON_COLUMNS, fmt_duration, format_metric
+
+__all__ = ["app", "fmt_duration", "run_sim"]
 
 app = typer.Typer(
     help="Replay a job trace through the scheduling policies in virtual time.",
@@ -25,43 +30,10 @@ app = typer.Typer(
     no_args_is_help=False,
 )
 
-METRIC_COLUMNS = (
-    ("utilization", "util", "pct"),
-    ("goodput", "goodput", "pct"),
-    ("p95_wait_s", "p95 wait", "dur"),
-    ("max_wait_least_served_s", "max wait (least served)", "dur"),
-    ("mean_jct_s", "mean JCT", "dur"),
-    ("p95_jct_s", "p95 JCT", "dur"),
-    ("preemptions_per_hour", "preempt/h", "num"),
-    ("lost_gpu_s", "lost GPU-h", "gpuh"),
-    ("lost_gpu_s_per_preemption", "lost GPU-s/preempt", "num"),
-)
-
 
 def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
-
-
-def fmt_duration(seconds: float) -> str:
-    """'42s', '7.5m', '3.2h', '2.1d'."""
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    if seconds < 3 * 86400:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
-
-
-def _cell(value: float, kind: str) -> str:
-    if kind == "pct":
-        return f"{100 * value:.1f}%"
-    if kind == "dur":
-        return fmt_duration(value)
-    if kind == "gpuh":
-        return f"{value / 3600:.1f}"
-    return f"{value:.2f}" if value < 100 else f"{value:.0f}"
 
 
 @app.callback()
@@ -76,6 +48,10 @@ def sim(
         Path | None, typer.Option("--json", help="Write the metrics as JSON here.")
     ] = None,
     plot: Annotated[Path | None, typer.Option(help="Write PNG charts into this folder.")] = None,
+    html: Annotated[
+        Path | None,
+        typer.Option(help="Write a self-contained HTML report (tables and charts) here."),
+    ] = None,
     checkpointing: Annotated[
         str, typer.Option(help="aware: jobs save on notice (the SDK); periodic: they do not.")
     ] = "aware",
@@ -105,11 +81,14 @@ def sim(
             checkpoint_cost=checkpoint_cost,
             cycle_interval=cycle_interval,
             plot=plot,
+            html=html,
             quiet=quiet,
         )
     except (PreemptibleError, OSError, ValueError) as exc:  # ValueError: a file not in UTF-8
         _fail(str(exc))
     _print_notes([f["note"] for f in report["quota_shortfalls"]])
+    if html is not None:
+        typer.echo(f"wrote {html} ({html.stat().st_size / 1024:,.0f} KB)", err=True)
     if json_out is not None:
         try:
             json_out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -128,9 +107,14 @@ def run_sim(
     checkpoint_cost: str = "60s",
     cycle_interval: str = "10s",
     plot: Path | None = None,
+    html: Path | None = None,
     quiet: bool = True,
 ) -> dict[str, Any]:
-    """Run the simulation(s) and return the `--json` report object."""
+    """Run the simulation(s) and return the `--json` report object.
+
+    With `html`, also write the HTML report there; a path that cannot be written fails before
+    any simulation runs.
+    """
     from preemptible.errors import ConfigError
     from preemptible.queue.core import POLICIES, parse_config_text, parse_duration
     from preemptible.sim import SimOptions, Simulator, read_trace, summarize
@@ -142,6 +126,12 @@ def run_sim(
             raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}, all")
     if checkpointing not in ("aware", "periodic"):
         raise ConfigError(f"--checkpointing must be aware or periodic, not {checkpointing!r}")
+    charts = None
+    if html is not None:
+        from preemptible.sim.html_report import ReportCharts, check_writable
+
+        check_writable(html)
+        charts = ReportCharts()
     cfg = parse_config_text(_read(config), path=config)
     jobs = read_trace(trace)
     options = SimOptions(
@@ -154,6 +144,8 @@ def run_sim(
         "trace": str(trace),
         "config": str(config),
         "checkpointing": checkpointing,
+        "checkpoint_interval_s": options.checkpoint_interval_s,
+        "default_checkpoint_s": options.default_checkpoint_s,
         "cycle_interval_s": options.cycle_interval_s,
         "quota_shortfalls": [
             {**dataclasses.asdict(f), "note": f.describe()} for f in quota_shortfalls(jobs, cfg)
@@ -174,6 +166,12 @@ def run_sim(
                 from preemptible.sim.plots import write_plots
 
                 write_plots(result, plot)
+            if charts is not None:
+                charts.add_run(result)
+    if html is not None and charts is not None:
+        from preemptible.sim.html_report import render, write_report
+
+        write_report(html, render(report, charts, generated_at=datetime.now(UTC)))
     return report
 
 
@@ -233,11 +231,11 @@ def _print_tables(report: dict[str, Any]) -> None:
         )
     )
     table.add_column("policy")
-    for _, label, _ in METRIC_COLUMNS:
-        table.add_column(label, justify="right")
+    for column in COMPARISON_COLUMNS:
+        table.add_column(column.label, justify="right")
     for name, metrics in policies.items():
         ov = metrics["overall"]
-        table.add_row(name, *(_cell(ov[key], kind) for key, _, kind in METRIC_COLUMNS))
+        table.add_row(name, *(format_metric(ov[c.key], c.kind) for c in COMPARISON_COLUMNS))
     console.print(table)
     queues = list(first["queues"])
     per_queue = Table(title="p95 wait per queue (max wait)")

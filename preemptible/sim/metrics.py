@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from preemptible.sim.engine import JobRecord, SimResult
 
@@ -41,6 +41,7 @@ def _metrics(records: Sequence[JobRecord], available_gpu_s: float, hours: float)
     preemptions = sum(r.preemptions for r in records)
     return {
         "jobs": len(records),
+        "p50_wait_s": percentile(waits, 50),
         "p95_wait_s": percentile(waits, 95),
         "max_wait_s": max(waits, default=0.0),
         "mean_wait_s": sum(waits) / len(waits) if waits else 0.0,
@@ -105,3 +106,51 @@ def summarize(result: SimResult) -> dict[str, Any]:
         }
     )
     return {"overall": overall, "queues": queues}
+
+
+class Column(NamedTuple):
+    """One column of the policy comparison, shared by the terminal table and the HTML report."""
+
+    key: str
+    """Key in the `overall` metrics."""
+    label: str
+    kind: str
+    """How to print it: "pct", "dur", "gpuh", "count" or "num" (`format_metric`)."""
+    higher_is_better: bool
+
+
+COMPARISON_COLUMNS = (
+    Column("utilization", "util", "pct", True),
+    Column("goodput", "goodput", "pct", True),
+    Column("p95_wait_s", "p95 wait", "dur", False),
+    Column("max_wait_least_served_s", "max wait (least served)", "dur", False),
+    Column("mean_jct_s", "mean JCT", "dur", False),
+    Column("p95_jct_s", "p95 JCT", "dur", False),
+    Column("preemptions_per_hour", "preempt/h", "num", False),
+    Column("lost_gpu_s", "lost GPU-h", "gpuh", False),
+    Column("lost_gpu_s_per_preemption", "lost GPU-s/preempt", "num", False),
+)
+
+
+def fmt_duration(seconds: float) -> str:
+    """'42s', '7.5m', '3.2h', '2.1d'."""
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def format_metric(value: float, kind: str) -> str:
+    """A metric as the tables print it (`Column.kind`)."""
+    if kind == "pct":
+        return f"{100 * value:.1f}%"
+    if kind == "dur":
+        return fmt_duration(value)
+    if kind == "gpuh":
+        return f"{value / 3600:.1f}"
+    if kind == "count":
+        return f"{value:,.0f}"
+    return f"{value:.2f}" if value < 100 else f"{value:.0f}"
