@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -126,12 +125,11 @@ def run_sim(
             raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}, all")
     if checkpointing not in ("aware", "periodic"):
         raise ConfigError(f"--checkpointing must be aware or periodic, not {checkpointing!r}")
-    charts = None
+    page = None
     if html is not None:
-        from preemptible.sim.html_report import ReportCharts, check_writable
+        from preemptible.sim.html_report import HtmlReport
 
-        check_writable(html)
-        charts = ReportCharts()
+        page = HtmlReport(html)  # checks the path now, not after the simulation
     cfg = parse_config_text(_read(config), path=config)
     jobs = read_trace(trace)
     options = SimOptions(
@@ -166,12 +164,10 @@ def run_sim(
                 from preemptible.sim.plots import write_plots
 
                 write_plots(result, plot)
-            if charts is not None:
-                charts.add_run(result)
-    if html is not None and charts is not None:
-        from preemptible.sim.html_report import render, write_report
-
-        write_report(html, render(report, charts, generated_at=datetime.now(UTC)))
+            if page is not None:
+                page.add_run(result)
+    if page is not None:
+        page.write(report)
     return report
 
 

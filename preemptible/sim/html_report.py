@@ -9,7 +9,7 @@ The page is drawn from the `--json` report object and the charts of `preemptible
 so the numbers are the JSON's, printed as the terminal table prints them. Every string that
 comes from the input (trace and config paths, queue names, notes) is escaped.
 
-Per-run charts are drawn as each run ends (`ReportCharts.add_run`), so that a comparison of
+Per-run charts are drawn as each run ends (`HtmlReport.add_run`), so that a comparison of
 five policies on a large trace holds one run's job records at a time, not five.
 """
 
@@ -20,7 +20,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -76,13 +76,21 @@ class Chart(NamedTuple):
 
 
 @dataclass(slots=True)
-class ReportCharts:
-    """The charts of the runs so far, drawn as each run ends."""
+class HtmlReport:
+    """A report on its way to `path`: the charts of the runs so far, drawn as each run ends.
 
+    The path is checked when the report is made, so that a path that cannot be written fails
+    before a long simulation rather than after it.
+    """
+
+    path: Path
     runs: dict[str, list[Chart]] = field(default_factory=dict)
     """Each policy's own charts, by policy name."""
     timelines: list[Timeline] = field(default_factory=list)
     """What the cross-policy charts need, one per run, in run order."""
+
+    def __post_init__(self) -> None:
+        check_writable(self.path)
 
     def add_run(self, result: SimResult) -> None:
         """Draw one run's charts and keep its timeline; its job records can then go."""
@@ -101,8 +109,13 @@ class ReportCharts:
             for chart in COMPARISON_CHARTS.values()
         ]
 
+    def write(self, report: Mapping[str, Any], *, generated_at: datetime | None = None) -> int:
+        """Render the page for `report` (the `--json` object) and write it; returns its size."""
+        when = generated_at or datetime.now(UTC)
+        return write_report(self.path, render(report, self, generated_at=when))
 
-def render(report: Mapping[str, Any], charts: ReportCharts, *, generated_at: datetime) -> str:
+
+def render(report: Mapping[str, Any], charts: HtmlReport, *, generated_at: datetime) -> str:
     """The whole page for `report` (the `--json` object) and the charts of its runs."""
     policies: Mapping[str, Any] = report["policies"]
     title = f"preemptible sim: {report['trace']}"
