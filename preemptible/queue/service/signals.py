@@ -21,20 +21,19 @@ def compute(
 ) -> StatsView:
     first = min((r.submitted_at for r in records), default=now)
     span = max(min(window_s, now - first), 1e-9)
-    since = now - span
     by_queue = {name: [r for r in records if r.queue == name] for name in queues}
-    per_queue = {
-        name: _signals(rs, gpus=gpus, now=now, since=since) for name, rs in by_queue.items()
-    }
-    overall = _signals(records, gpus=gpus, now=now, since=since)
+    per_queue = {name: _signals(rs, gpus=gpus, now=now, span=span) for name, rs in by_queue.items()}
+    overall = _signals(records, gpus=gpus, now=now, span=span)
     least_served = max((s.max_wait_s for s in per_queue.values()), default=0.0)
     return StatsView(
         window_s=span, overall=overall, queues=per_queue, max_wait_least_served_s=least_served
     )
 
 
-def _signals(records: Sequence[JobRecord], *, gpus: int, now: float, since: float) -> SignalsView:
-    span = now - since
+def _signals(records: Sequence[JobRecord], *, gpus: int, now: float, span: float) -> SignalsView:
+    # `span` is passed, not recomputed as now - since: with no jobs it is 1e-9 s, which
+    # epoch seconds cannot resolve (now - (now - 1e-9) == 0.0).
+    since = now - span
     waits = [w for r in records for at, w in r.waits if at >= since]
     waits += [now - r.pending_since for r in records if r.state == JobState.PENDING.value]
     admitted = sum(
