@@ -51,6 +51,7 @@ from preemptible.queue.service.executor import (
     ProcessHandle,
     recorded_exit,
 )
+from preemptible.queue.service.history import SignalHistory, SignalSample
 from preemptible.queue.service.metrics import DurationHistogram
 from preemptible.queue.service.records import JobRecord, Notice
 from preemptible.queue.service.store import GroupCommit, Store
@@ -133,7 +134,10 @@ class QueueManager:
         self._thread: threading.Thread | None = None
         self._seq = store.next_seq()
         self.commits = GroupCommit(store)
+        self.history = SignalHistory(store)
+        """The four signals, a sample a minute over the last day (the dashboard's trends)."""
         self._recover()
+        self.history.load(self.clock())
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -155,6 +159,8 @@ class QueueManager:
                     return
                 try:
                     self.step()
+                    # Here, not in `step`: a replay on a virtual clock samples nothing.
+                    self.history.maybe_sample(self.clock(), self.stats)
                 except Exception:  # a bug must not stop the queue: log it, go on
                     log.exception("queue loop step failed")
                 self.changed.wait(timeout=self._poll_interval())
@@ -755,6 +761,11 @@ class QueueManager:
                 now=now,
                 window_s=STATS_WINDOW_S,
             )
+
+    def signal_history(self, since: float) -> list[SignalSample]:
+        """The samples of the four signals taken after `since` (epoch seconds), oldest first."""
+        with self.lock:
+            return self.history.since(since)
 
     def metrics_snapshot(self) -> dict[str, Any]:
         with self.lock:

@@ -3,9 +3,10 @@
 Every change the manager makes is written here before it is acknowledged: a `201` for a
 submission means the job is in the file (`synchronous=FULL`: the WAL is fsynced at each
 commit). A job is one row holding its record as JSON, plus the columns the manager looks up by;
-the audit log is a table of its own. The file carries its schema version: a file written by a
-newer version, or one that is not a database, is refused with a clear error and never
-overwritten.
+the audit log is a table of its own, and so are the samples of the four signals (one a minute
+for the last day, `history.py`); a file written before that table existed gets it when opened.
+The file carries its schema version: a file written by a newer version, or one that is not a
+database, is refused with a clear error and never overwritten.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ CREATE TABLE IF NOT EXISTS events (
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_job ON events (job_id);
+CREATE TABLE IF NOT EXISTS signal_samples (at REAL PRIMARY KEY, doc TEXT NOT NULL);
 """
 
 
@@ -198,6 +200,25 @@ class Store:
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
         return [(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6])) for r in rows]
+
+    # --- samples of the four signals ----------------------------------------------------------
+
+    def add_signal_sample(self, at: float, doc: dict[str, Any], *, keep_after: float) -> None:
+        """One sample of the signals at `at`; samples from before `keep_after` are dropped."""
+        with self.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO signal_samples (at, doc) VALUES (?, ?)",
+                (at, json.dumps(doc)),
+            )
+            db.execute("DELETE FROM signal_samples WHERE at < ?", (keep_after,))
+
+    def signal_samples(self, *, since: float) -> list[tuple[float, dict[str, Any]]]:
+        """(time, sample) of the samples taken after `since`, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT at, doc FROM signal_samples WHERE at > ? ORDER BY at", (since,)
+            ).fetchall()
+        return [(float(r[0]), json.loads(r[1])) for r in rows]
 
 
 @dataclass(slots=True)
