@@ -137,7 +137,8 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = DEFAULT_PORT,
 ) -> None:
-    """Run the queue manager: schedule, launch and preempt jobs; serve the HTTP API."""
+    """Run the queue manager: schedule, launch and preempt jobs; serve the HTTP API and the
+    dashboard (http://HOST:PORT/, signed in with a queue or the admin token)."""
     from preemptible.queue.service.server import run_server
 
     if host not in ("127.0.0.1", "localhost", "::1"):

@@ -351,7 +351,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 def _allowed_methods(request: Request) -> list[str]:
     """Every method our routes serve at this path (Starlette names only the first route's)."""
     methods: set[str] = set()
-    for route in (*router.routes, *plain_router.routes):
+    routers: list[APIRouter] = request.app.state.routers
+    for route in (r for included in routers for r in included.routes):
         if isinstance(route, APIRoute) and route.path_regex.match(request.url.path):
             methods |= route.methods or set()
     return sorted(methods)
@@ -466,6 +467,11 @@ def create_app(
     app.add_middleware(LatencyMiddleware, metrics=metrics)
     app.include_router(router)
     app.include_router(plain_router)
+    app.state.routers = [router, plain_router]  # what a 405's Allow header is made from
+    # Imported here: the dashboard's routes are built on this module's dependencies.
+    from preemptible.queue.service.dashboard_api import install_dashboard
+
+    install_dashboard(app)
     _document_queues(app, [q.name for q in manager.config.queues])
     return app
 

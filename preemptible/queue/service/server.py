@@ -1,4 +1,5 @@
-"""`preemptible queue serve`: the queue manager behind its HTTP API, until SIGINT or SIGTERM.
+"""`preemptible queue serve`: the queue manager behind its HTTP API and its dashboard (`/`),
+until SIGINT or SIGTERM.
 
 Jobs keep running when the server stops: a restart adopts them again (`manager.py`).
 """
@@ -95,6 +96,13 @@ def run_server(config_path: Path, state_dir: Path, host: str, port: int) -> None
     )
     _quiet_garbage_collector()
     manager.start()
+    logging.getLogger("preemptible.queue").info(
+        "serving on %s: the dashboard at %s/ (sign in with a queue or the admin token), "
+        "the API under %s/v1",
+        url,
+        url,
+        url,
+    )
     try:
         server.run()
     finally:
