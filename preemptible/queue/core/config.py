@@ -62,6 +62,9 @@ class PolicySettings:
     defragment: bool = True
     """Move small checkpoint-aware jobs to other nodes so that a job blocked only by
     fragmentation gets a node block (`defrag.py`; policies that have the rule)."""
+    beyond_limit: bool = True
+    """Capacity nobody else can use may go to checkpoint-aware work over its queue's borrowing
+    limit, the first reclaimed when another queue needs it (policies that have the rule)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -444,6 +447,7 @@ def _policy(raw: Any) -> PolicySettings:
         "default_estimate",
         "backfill_depth",
         "defragment",
+        "beyond_limit",
     }
     _only(raw, keys, ("policy",))
     kwargs: dict[str, Any] = {}
@@ -459,7 +463,7 @@ def _policy(raw: Any) -> PolicySettings:
         kwargs["starvation_limit_s"] = _seconds(
             raw["starvation_limit"], ("policy", "starvation_limit")
         )
-    for switch in ("backfill", "defragment"):
+    for switch in ("backfill", "defragment", "beyond_limit"):
         if switch in raw:
             kwargs[switch] = _switch(raw[switch], ("policy", switch))
     if "default_estimate" in raw:

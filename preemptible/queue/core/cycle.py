@@ -24,6 +24,10 @@ The phases, as in kueue's `schedule()`:
    4. still blocked: a strict policy stops the walk here, a backfilling one reserves capacity
       for this job (`backfill.py`) and goes on with the rest, the others skip the job's group.
 4. **Stop early** when nothing is free and nothing can be preempted: the rest wait.
+5. **Beyond the limit** (`_beyond_limit`, ours). What the walk left free goes to jobs it
+   refused only for their queue's borrowing limit, when they save on notice within their
+   grace: they are the first reclaimed when another queue within its limit needs the capacity
+   (`preemption.py`, rule 4), so the limit costs the others one grace, not idle GPUs.
 
 Capacity as the decisions so far leave it is the `Ledger`'s; victim searches share one
 `VictimSearch`; every reason's wording is in `reasons.py`.
@@ -138,6 +142,8 @@ class _Cycle:
         self.failed_here: list[SearchKey] = []
         """Failed victim searches of this cycle (for any reason)."""
         self.rerun = False
+        self.over_limit: list[GroupKey] = []
+        """Groups the walk refused for their queue's borrowing limit, in the walk's order."""
         self.incoming = self._unclaimed_leaving()
         """GPUs that preempted jobs will free soon and no nominated job has claimed."""
         self.movers: dict[int, list[RunningJob]] = {}
@@ -156,6 +162,7 @@ class _Cycle:
     def run(self) -> CycleResult:
         self._nominated_first()
         self._walk()
+        self._beyond_limit()
         return CycleResult(
             admit=tuple(self.admits),
             preempt=tuple(self.preempts),
@@ -270,6 +277,7 @@ class _Cycle:
         verdict = self._quota(job)
         if verdict is QuotaVerdict.OVER_LIMIT:
             self.reasons[job.id] = reasons.over_quota(job, self.st.queues[job.queue])
+            self.over_limit.append(gkey)
             return Step.STOP if self.policy.head_of_line else Step.SKIP
         placement = self.ledger.place(job.request)
         if placement is None:
@@ -359,6 +367,49 @@ class _Cycle:
             free_gpus=max(0, int(self.ledger.free.gpus)),
             nodes=self.ledger.pool is not None,
         )
+
+    # --- 5. beyond the borrowing limit ---------------------------------------------------------
+
+    def _beyond_limit(self) -> None:
+        policy = self.policy
+        if not (policy.beyond_limit and policy.quotas and self.config.policy.beyond_limit):
+            return
+        for gkey in self.over_limit:
+            for job in self.st.groups[gkey].jobs:
+                if self.ledger.free.gpus <= 0:
+                    return
+                if job.id in self.started or job.id in self.st.nominated:
+                    continue
+                if not self._may_lend(job):
+                    continue
+                placement = self.ledger.place(job.request)
+                if placement is None:
+                    break  # the rest of the group has the same shape
+                res = self.reservation
+                loan_for = None
+                if res is not None:
+                    kept = self._backfill_placement(job, placement, res)
+                    if kept is None:
+                        loan_for = res.job_id  # saves on notice: may go on loan (`_may_loan`)
+                    else:
+                        placement = kept
+                queue = self.st.queues[job.queue]
+                reason = reasons.admitted_beyond_limit(job, queue, loan_for)
+                verdict = QuotaVerdict.BORROWING
+                self._admit(
+                    job, placement, verdict, reason, backfill=res is not None, loan_for=loan_for
+                )
+
+    def _may_lend(self, job: Job) -> bool:
+        """Whether `job` may run beyond its queue's limit: taking it back costs a save and a
+        restore, it was not preempted within the cooldown, and no patient reclaim counts on
+        its queue's jobs being quicker to save."""
+        if not saves_within_grace(job, self.policy, self.config.preemption):
+            return False
+        if in_cooldown(job, self.now, self.config.preemption):
+            return False
+        patience = self.patience
+        return patience is None or patience.blocks_borrower(job, QuotaVerdict.BORROWING) is None
 
     # --- admission and backfill ---------------------------------------------------------------
 
@@ -509,7 +560,7 @@ class _Cycle:
                     grace_s=v.grace_s,
                     for_job=job.id,
                     lost_gpu_s=v.lost_gpu_s,
-                    reclaim=v.kind == "reclaim",
+                    reclaim=v.kind in ("reclaim", "beyond_limit"),
                     loan=v.kind == "loan",
                     for_nodes=plan.placement or (),
                     reason=reason,

@@ -13,8 +13,9 @@ five implementations. The baselines model the defaults of the systems they are n
   with a reservation for the blocked head; no quotas and no preemption (PreemptType=none).
 - `preemptible` (ours): tiers, decayed weighted DRF fair share plus aging, quota + borrowing +
   reclaim, lower-tier preemption choosing the least lost work, negotiated grace and minimum
-  runtime, anti-thrashing budgets, and backfill with a reservation where work that would delay
-  the reserved job still starts, on loan, when it checkpoints on notice.
+  runtime, anti-thrashing budgets, backfill with a reservation where work that would delay
+  the reserved job still starts, on loan, when it checkpoints on notice, and idle capacity
+  lent beyond the borrowing limit to work that checkpoints on notice.
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ class Policy:
     """A job within nominal quota that could start only by reclaiming first waits for capacity
     to free on its own, for as long as the one-grace guarantee leaves room (patience.py):
     every reclaim costs a save and a restore, and a job ends somewhere every few minutes."""
+    beyond_limit: bool = False
+    """Capacity the walk leaves idle goes to checkpoint-aware work over its queue's borrowing
+    limit, which is then the first reclaimed: any job of another queue within its own limit
+    may preempt it (`cycle.py`, `preemption.py`). The limit protects the other queues through
+    reclaim, at the cost of a save and a restore, instead of through idle GPUs."""
 
 
 POLICIES: dict[str, Policy] = {
@@ -127,6 +133,7 @@ POLICIES: dict[str, Policy] = {
         nominal_first=True,
         patient_reclaim=True,
         defragment=True,
+        beyond_limit=True,
     ),
 }
 """The built-in policies by name; `preemptible` is ours, the others are baselines."""

@@ -14,6 +14,10 @@ Three reasons allow a preemption:
    the blocked job still holds it; the victim's tier is not higher, it has run for its minimum
    runtime, and it is in the blocked job's queue or its queue is borrowing (work within a
    queue's nominal quota is never taken). It was admitted on exactly that condition.
+4. beyond the limit (ours): the victim's queue holds more than its nominal quota plus its
+   borrowing limit (`Policy.beyond_limit` lent it capacity nobody else used), and the blocked
+   job's own queue would stay within its limit. Victims come out of that excess; neither tier
+   nor minimum runtime protects it, as for reclaim.
 
 Among the allowed victims, `victim_sets.py` picks the set that makes the job fit at the least
 lost work: GPU-seconds since each victim's last checkpoint (only its save time when it
@@ -31,7 +35,13 @@ from preemptible.queue.core.ledger import Ledger
 from preemptible.queue.core.model import Job, RunningJob
 from preemptible.queue.core.negotiation import grace_seconds, min_runtime_seconds
 from preemptible.queue.core.policy import Policy, VictimOrder
-from preemptible.queue.core.quota import QuotaVerdict, borrowed, check_quota, is_borrowing
+from preemptible.queue.core.quota import (
+    QuotaVerdict,
+    beyond_limit,
+    borrowed,
+    check_quota,
+    is_borrowing,
+)
 from preemptible.queue.core.resources import Amounts
 from preemptible.queue.core.state import ClusterState
 from preemptible.queue.core.victim_sets import (
@@ -116,7 +126,10 @@ class _Scope(NamedTuple):
     tier: bool
     loans: bool
     borrowed: dict[str, Amounts]
+    """Per queue, what victims of it may free (`cheapest_set` keeps within it when it can)."""
     borrowing: dict[str, bool]
+    beyond: frozenset[str]
+    """Other queues over their borrowing limit, whose excess the job may take."""
 
 
 class VictimSearch:
@@ -147,7 +160,9 @@ class VictimSearch:
         self.budget_used: dict[str, int] = {}
         """Per queue, the notices this cycle has sent its jobs (against its hourly budget)."""
         self._prices: dict[str, Price] = {}
-        self._eligible: dict[tuple[str, int, bool, bool, str | None], list[Candidate]] = {}
+        self._eligible: dict[
+            tuple[str, int, bool, bool, str | None, frozenset[str]], list[Candidate]
+        ] = {}
 
     def take(self, victim: Job) -> None:
         """`victim` gets a notice this cycle: it counts against its queue's budget and no later
@@ -195,7 +210,8 @@ class VictimSearch:
         lower = range(job.tier.rank)
         can_tier = tier and policy.tier_preemption and any(state.tier_gpus[t] for t in lower)
         take_loans = take_loans and job.id in state.loans
-        if not (can_reclaim or can_tier or take_loans):
+        beyond = self._beyond(job, verdict)
+        if not (can_reclaim or can_tier or take_loans or beyond):
             return None
         room = {
             name: borrowed(q, ledger.alloc[name], ledger.leaving[name])
@@ -204,11 +220,33 @@ class VictimSearch:
         borrowing = {name: r.any_positive() for name, r in room.items()}
         if not (can_tier or take_loans or any(borrowing.values())):
             return None
-        return _Scope(verdict, can_reclaim, can_tier, take_loans, room, borrowing)
+        if not can_reclaim:
+            room.update(beyond)  # a borrower takes only what the victim's queue has beyond
+        scope = _Scope(verdict, can_reclaim, can_tier, take_loans, room, borrowing, frozenset())
+        return scope._replace(beyond=frozenset(beyond))
+
+    def _beyond(self, job: Job, verdict: QuotaVerdict) -> dict[str, Amounts]:
+        """Other queues' excess over their borrowing limit that `job` may take (rule 4)."""
+        policy, state, ledger = self.policy, self.state, self.ledger
+        if not (policy.beyond_limit and policy.quotas) or verdict is QuotaVerdict.OVER_LIMIT:
+            return {}
+        excess = {
+            name: beyond_limit(q, ledger.alloc[name], ledger.leaving[name])
+            for name, q in state.queues.items()
+            if name != job.queue
+        }
+        return {name: amounts for name, amounts in excess.items() if amounts.any_positive()}
 
     def candidates(self, job: Job, scope: _Scope) -> list[Candidate]:
         """Who may be a victim for `job`, in the policy's victim order (cached for the cycle)."""
-        key = (job.queue, job.tier.rank, scope.reclaim, scope.tier, job.id if scope.loans else None)
+        key = (
+            job.queue,
+            job.tier.rank,
+            scope.reclaim,
+            scope.tier,
+            job.id if scope.loans else None,
+            scope.beyond,
+        )
         cached = self._eligible.get(key)
         if cached is not None:
             return [c for c in cached if c.running.job.id not in self.taken]
@@ -229,12 +267,14 @@ class VictimSearch:
             reclaim_q = scope.reclaim and borrowing and vq != job.queue
             tier_q = scope.tier and (vq == job.queue or (across and borrowing))
             loan_q = scope.loans and (vq == job.queue or borrowing)  # as in `loans_due`
-            if not (reclaim_q or tier_q or loan_q) or not running:
+            beyond_q = vq in scope.beyond
+            taken_back = reclaim_q or beyond_q  # neither tier nor minimum runtime protects it
+            if not (taken_back or tier_q or loan_q) or not running:
                 continue
             if tier_q and policy.anti_thrashing:
                 used = self.budget_used.get(vq, 0)
                 tier_q = queue_budget_left(self.state, vq, now, settings, used) > 0
-                if not (reclaim_q or tier_q or loan_q):
+                if not (taken_back or tier_q or loan_q):
                     continue
             for rj in running.values():
                 vjob = rj.job
@@ -247,9 +287,17 @@ class VictimSearch:
                     tier_ok, loan_ok = tier_ok and ran_enough, loan_ok and ran_enough
                 if tier_ok and policy.anti_thrashing:
                     tier_ok = not in_cooldown(vjob, now, settings)
-                if not (reclaim_q or tier_ok or loan_ok):
+                if not (taken_back or tier_ok or loan_ok):
                     continue
-                kind: VictimKind = "tier" if tier_ok else "loan" if loan_ok else "reclaim"
+                kind: VictimKind = (
+                    "tier"
+                    if tier_ok
+                    else "loan"
+                    if loan_ok
+                    else "reclaim"
+                    if reclaim_q
+                    else "beyond_limit"
+                )
                 price = self._price(rj)
                 found.append(Candidate(price.order, rj, price.lost_gpu_s, price.grace_s, kind))
         found.sort(key=lambda c: c.order)

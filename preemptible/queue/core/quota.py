@@ -66,6 +66,23 @@ def borrowed(queue: Queue, alloc: HasAmounts, leaving: HasAmounts = ZERO) -> Amo
     )
 
 
+def beyond_limit(queue: Queue, alloc: HasAmounts, leaving: HasAmounts = ZERO) -> Amounts:
+    """Per resource, how much the queue holds beyond its nominal quota plus its borrowing limit
+    (`Policy.beyond_limit`), not counting what its jobs told to go still hold."""
+    return Amounts(
+        *(
+            max(0.0, held - left - nominal - limit)
+            for held, left, nominal, limit in zip(
+                values(alloc),
+                values(leaving),
+                values(queue.nominal),
+                values(queue.borrowing_limit),
+                strict=True,
+            )
+        )
+    )
+
+
 def describe_limit(queue: Queue) -> str:
     """'4 GPUs nominal + 4 borrowable', for reasons shown to people."""
     n = queue.nominal.gpus

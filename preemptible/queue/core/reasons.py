@@ -40,6 +40,14 @@ def admitted(job: Job, verdict: QuotaVerdict, *, quotas: bool) -> str:
     return f"admitted: within {job.queue}'s nominal quota"
 
 
+def admitted_beyond_limit(job: Job, queue: Queue, head: str | None) -> str:
+    loan = f"; on loan ahead of {head}'s reservation" if head is not None else ""
+    return (
+        f"admitted beyond {job.queue}'s limit ({describe_limit(queue)}) on capacity nobody "
+        f"else can use now: the first reclaimed when another queue needs it{loan}"
+    )
+
+
 def admitted_by_backfill(head: str) -> str:
     return f"admitted by backfill: does not delay {head}"
 
@@ -94,6 +102,11 @@ def preempted(
         why = (
             f"preempted: {preemptor.queue} reclaims capacity {victim.queue} borrowed, for "
             f"{preemptor.id} (within its nominal quota)"
+        )
+    elif kind == "beyond_limit":
+        why = (
+            f"preempted: ran beyond {victim.queue}'s borrowing limit on idle capacity, which "
+            f"{preemptor.id} of {preemptor.queue} needs (within its limit)"
         )
     else:
         tiers = f"tier {victim.tier.value} yields to {preemptor.tier.value}"

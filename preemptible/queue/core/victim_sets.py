@@ -25,7 +25,7 @@ from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.quota import QuotaVerdict, check_quota
 from preemptible.queue.core.resources import TOLERANCE, Amounts, HasAmounts, values
 
-VictimKind = Literal["reclaim", "tier", "loan"]
+VictimKind = Literal["reclaim", "tier", "loan", "beyond_limit"]
 """Why a job may be preempted (`preemption.py`'s module docstring)."""
 
 
@@ -50,7 +50,7 @@ class Victim:
     lost_gpu_s: float
     grace_s: float
     kind: VictimKind
-    """Why it may be preempted: "reclaim", "tier" or "loan"."""
+    """Why it may be preempted: "reclaim", "tier", "loan" or "beyond_limit"."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,6 +14,7 @@ aging = "1h"
 starvation_limit = "3d"
 backfill = false
 defragment = false
+beyond_limit = false
 [preemption]
 grace_safety = 2.0
 grace_margin = "5s"
@@ -64,7 +65,7 @@ def test_full_config_parses_every_key():
     assert cfg.cluster.gpus == 16 and cfg.cluster.nodes == 2 and cfg.cluster.gpus_per_node == 8
     assert cfg.policy.fair_share_half_life_s == 7 * 86400
     assert cfg.policy.aging_s == 3600 and cfg.policy.backfill is False
-    assert cfg.policy.defragment is False
+    assert cfg.policy.defragment is False and cfg.policy.beyond_limit is False
     assert cfg.policy.starvation_limit_s == 3 * 86400
     p = cfg.preemption
     assert (p.grace_safety, p.grace_margin_s, p.grace_min_s, p.grace_max_s) == (2.0, 5, 20, 300)
@@ -105,6 +106,7 @@ def test_auto_gpus_is_left_to_the_shell():
         ("[cluster]\ngpus = 8\n[[queues]]\nname='a'\nnominal={gpu=2}\n", "unknown key 'gpu'"),
         ("[cluster\ngpus = 8\n", "not valid TOML"),
         ("[cluster]\ngpus = 8\n[policy]\ndefragment = 'yes'\n", "policy.defragment: expected true"),
+        ("[cluster]\ngpus = 8\n[policy]\nbeyond_limit = 1\n", "policy.beyond_limit: expected true"),
     ],
     ids=[
         "typo",
@@ -120,6 +122,7 @@ def test_auto_gpus_is_left_to_the_shell():
         "resource-typo",
         "toml-syntax",
         "defragment-not-bool",
+        "beyond-limit-not-bool",
     ],
 )
 def test_invalid_configs_name_the_problem(text, message):

@@ -83,11 +83,78 @@ def test_a_job_larger_than_its_nominal_quota_says_it_can_only_borrow():
     assert r.reason_for("a6").startswith("pending: larger than a's nominal quota (0 GPUs), so it")
 
 
-def test_borrowing_limit_blocks_with_a_reason():
-    cfg = config(queues={"a": (1.0, 2, 2), "b": (1.0, 2, INF)})
-    r = schedule(snapshot(cfg, pending=[job("a1", gpus=5)]), 0.0, OURS, cfg)
+@pytest.mark.parametrize(
+    ("aware", "setting"), [(False, True), (True, False)], ids=["saves-too-slow", "setting-off"]
+)
+def test_borrowing_limit_blocks_with_a_reason(aware, setting):
+    cfg = config(queues={"a": (1.0, 2, 2), "b": (1.0, 2, INF)}, policy={"beyond_limit": setting})
+    r = schedule(snapshot(cfg, pending=[job("a1", gpus=5, aware=aware)]), 0.0, OURS, cfg)
     assert admitted(r) == []
     assert "would exceed its quota (2 GPUs nominal + 2 borrowable)" in r.reason_for("a1")
+
+
+# --- beyond the borrowing limit (`Policy.beyond_limit`) -----------------------------------------
+
+
+def test_idle_capacity_goes_beyond_the_limit_to_work_that_saves_on_notice():
+    cfg = config(queues={"a": (1.0, 2, 2), "b": (1.0, 6, INF)})
+    pending = [job("a1", gpus=4), job("a2", gpus=2, at=1.0), job("a3", gpus=4, at=2.0)]
+    r = schedule(snapshot(cfg, pending=pending), 10.0, OURS, cfg)
+    # a1 fits within nominal + limit; a2 goes beyond it on the idle GPUs; a3 no longer fits.
+    assert admitted(r) == ["a1", "a2"]
+    a2 = next(a for a in r.admit if a.job_id == "a2")
+    assert a2.borrowing and a2.reason.startswith("admitted beyond a's limit")
+    assert "would exceed its quota" in r.reason_for("a3")
+    kueue = schedule(snapshot(cfg, pending=pending), 10.0, POLICIES["kueue"], cfg)
+    held = sum(j.request.gpus for j in pending if j.id in admitted(kueue))
+    assert held <= 4  # the baseline leaves GPUs idle
+
+
+def test_work_within_limits_goes_first_and_the_rest_goes_beyond():
+    cfg = config(queues={"a": (1.0, 2, 0), "b": (1.0, 2, 2)})
+    pending = [job("a1", gpus=2), job("a2", gpus=4, at=1.0), job("b1", queue="b", gpus=4, at=2.0)]
+    r = schedule(snapshot(cfg, pending=pending), 10.0, OURS, cfg)
+    # b1, later in line than a2, starts within b's limit before a2 is lent what is left.
+    assert admitted(r) == ["a1", "b1"]
+    assert "would exceed its quota" in r.reason_for("a2")
+
+
+@pytest.mark.parametrize(
+    "slow",
+    [{"aware": False}, {"save": 900.0}, {"preempted_at": 0.0}],
+    ids=["no-save-on-notice", "save-longer-than-grace", "in-cooldown"],
+)
+def test_only_work_cheap_to_take_back_goes_beyond_the_limit(slow):
+    cfg = config(queues={"a": (1.0, 2, 2), "b": (1.0, 4, INF)})
+    r = schedule(snapshot(cfg, pending=[job("a1", gpus=6, **slow)]), 60.0, OURS, cfg)
+    assert admitted(r) == []
+
+
+def test_a_borrower_within_its_limit_takes_back_what_went_beyond_another_limit():
+    cfg = config(queues={"a": (1.0, 2, 2), "b": (1.0, 2, 4)})
+    # a holds 8 GPUs: nominal 2, limit 2, and 4 beyond its limit (two 2-GPU jobs).
+    busy = [
+        running(job("a4", gpus=4), started=0.0),
+        running(job("a2x", gpus=2), started=50.0),
+        running(job("a2y", gpus=2), started=60.0),
+    ]
+    pending = [job("b4", queue="b", gpus=4, at=100.0)]  # 2 within nominal + 2 borrowed
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 120.0, OURS, cfg)
+    assert sorted(preempted(r)) == ["a2x", "a2y"]  # the excess only, before any minimum runtime
+    assert all(p.reclaim for p in r.preempt)
+    assert "beyond a's borrowing limit" in r.preempt[0].reason
+    kueue = schedule(
+        snapshot(cfg, pending=pending, running_jobs=busy), 120.0, POLICIES["kueue"], cfg
+    )
+    assert "b4" not in admitted(kueue)
+
+
+def test_a_borrower_takes_nothing_from_a_queue_within_its_limit():
+    cfg = config(queues={"a": (1.0, 2, 6), "b": (1.0, 2, 4)})
+    busy = [running(job("a8", gpus=8), started=0.0)]  # a borrows 6, within its limit
+    pending = [job("b4", queue="b", gpus=4, at=100.0)]
+    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 120.0, OURS, cfg)
+    assert preempted(r) == []
 
 
 @pytest.mark.parametrize("policy", list(POLICIES), ids=str)

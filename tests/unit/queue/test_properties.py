@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from preemptible.queue.core import POLICIES, RunningJob, schedule
 from preemptible.queue.core.negotiation import min_runtime_seconds
-from preemptible.queue.core.quota import is_borrowing
+from preemptible.queue.core.quota import QuotaVerdict, check_quota, is_borrowing
 from preemptible.sim import SimOptions, Simulator, TraceJob
 
 from .factories import config, job, snapshot
@@ -131,8 +131,13 @@ def test_preemption_respects_tier_min_runtime_and_guarantees(w):
         victim = snap.state.running[p.job_id]
         preemptor = by_id[p.for_job]
         if p.reclaim:
+            vq = cfg.queue(victim.job.queue)
             assert victim.job.queue != preemptor.queue
-            assert is_borrowing(cfg.queue(victim.job.queue), alloc[victim.job.queue])
+            assert is_borrowing(vq, alloc[vq.name])
+            own = check_quota(cfg.queue(preemptor.queue), alloc[preemptor.queue], preemptor.request)
+            if own is not QuotaVerdict.WITHIN_NOMINAL:  # so not within nominal when it preempts
+                assert policy.beyond_limit  # and the victim's queue was over its limit
+                assert alloc[vq.name].gpus > vq.nominal.gpus + vq.borrowing_limit.gpus
         else:
             if p.loan:
                 assert victim.loan_for == preemptor.id and policy.loan_backfill
@@ -157,6 +162,8 @@ def test_victims_of_another_queue_come_out_of_what_it_borrows(w):
     taken: dict[str, list[int]] = {}
     for p in result.preempt:
         victim = snap.state.running[p.job_id].job
+        if p.restart_on:
+            continue  # a move: the job restarts at once elsewhere, its queue keeps what it holds
         if victim.queue != queue_of[p.for_job]:
             taken.setdefault(victim.queue, []).append(victim.request.gpus)
     for name, sizes in taken.items():
