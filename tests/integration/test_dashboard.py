@@ -130,7 +130,7 @@ class Page:
     """A fresh tab that records what the console says."""
 
     def __init__(self, browser: Any, server: Server):
-        self.context = browser.new_context(viewport={"width": 1400, "height": 900})
+        self.context = browser.new_context(viewport={"width": 1600, "height": 900})
         self.page = self.context.new_page()
         self.url = server.url
         self.errors: list[str] = []

@@ -101,4 +101,5 @@ export function renderJob(detail) {
     section("Timeline", grid(["at", "event", "reason"], timeline, "job-timeline")),
     section(detail.log.truncated ? "Output (the end)" : "Output", log),
   );
+  log.scrollTop = log.scrollHeight; // the newest lines in view
 }
