@@ -108,11 +108,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     try:
         yield s
     finally:
-        with s.client("admin-secret") as admin:
-            for job in admin.get("/v1/jobs").json():
-                if job["state"] in ("pending", "running", "preempting"):
-                    admin.delete(f"/v1/jobs/{job['id']}")
+        cancel_all(s)
         s.stop()
+
+
+def cancel_all(server: Server) -> None:
+    """Cancels every job still waiting or running, and waits until none holds a GPU."""
+    with server.client("admin-secret") as admin:
+        for job in admin.get("/v1/jobs").json():
+            if job["state"] in ("pending", "running", "preempting"):
+                admin.delete(f"/v1/jobs/{job['id']}")
+        deadline = time.monotonic() + 30
+        while admin.get("/v1/dashboard").json()["jobs"]:
+            assert time.monotonic() < deadline, "jobs still active 30 s after their cancel"
+            time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -223,6 +232,7 @@ def test_a_borrower_is_seen_running_preempting_pending_and_back_with_its_grace(
     print(f"\nsigned in and drawn in {signed_in_s:.2f} s; a new job shown {appeared_s:.2f} s later")
     assert tab.errors == []
     tab.close()
+    cancel_all(server)
 
 
 def test_a_wrong_token_is_refused_on_the_page_and_by_the_api(
@@ -254,17 +264,19 @@ def test_a_queue_token_sees_its_jobs_in_full_and_other_queues_as_counts(
     server: Server, browser: Any
 ) -> None:
     with server.client("ops-secret") as ops, server.client("intern-secret") as interns:
-        theirs = submit(ops, "ops", ["sleep", "600"], gpus=0, name="secret-ops-job")
-        mine = submit(interns, "interns", ["sleep", "600"], gpus=0, name="intern-job")
+        theirs = submit(ops, "ops", ["sleep", "600"], gpus=1, name="secret-ops-job")
+        mine = submit(interns, "interns", ["sleep", "600"], gpus=1, name="intern-job")
+        wait_for(ops, theirs["id"], {"running"})
+        wait_for(interns, mine["id"], {"running"})
         view = interns.get("/v1/dashboard").json()
         assert view["viewer"] == {"kind": "queue", "name": "interns"}
         assert {j["queue"] for j in view["jobs"]} == {"interns"}
         assert mine["id"] in {j["id"] for j in view["jobs"]}
         ops_row = next(r for r in view["queues"] if r["queue"]["name"] == "ops")
-        assert ops_row["queue"]["pending"] + ops_row["queue"]["running"] >= 1  # counted
-        for gpu in view["gpus"]:
-            if gpu["queue"] not in (None, "interns"):
-                assert gpu["job_id"] is None and gpu["job_name"] is None
+        assert ops_row["queue"]["running"] == 1  # counted
+        held = {gpu["queue"]: gpu for gpu in view["gpus"] if gpu["queue"] is not None}
+        assert held["ops"]["job_id"] is None and held["ops"]["job_name"] is None  # not named
+        assert held["interns"]["job_id"] == mine["id"]
         assert interns.get(f"/v1/jobs/{theirs['id']}/detail").status_code == 403
         assert interns.get(f"/v1/jobs/{mine['id']}/detail").status_code == 200
         assert interns.get("/v1/signals/history").status_code == 200
@@ -273,7 +285,8 @@ def test_a_queue_token_sees_its_jobs_in_full_and_other_queues_as_counts(
     tab.sign_in("intern-secret")
     expect(tab.page.locator("#viewer")).to_have_text("queue interns", timeout=10_000)
     expect(tab.page.locator(f'#jobs tr[data-job="{mine["id"]}"]')).to_be_visible()
-    expect(tab.page.locator("#others")).to_contain_text("ops:")
+    expect(tab.page.locator("#others")).to_contain_text("ops: 0 pending, 1 running")
+    expect(tab.page.locator('#cluster .gpu[data-queue="ops"]')).to_contain_text("another team")
     assert "secret-ops-job" not in tab.page.content()
     assert tab.page.locator(f'#jobs tr[data-job="{theirs["id"]}"]').count() == 0
     tab.page.goto(f"{server.url}/#/jobs/{theirs['id']}")
