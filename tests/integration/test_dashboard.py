@@ -295,6 +295,37 @@ def test_a_queue_token_sees_its_jobs_in_full_and_other_queues_as_counts(
     tab.close()
 
 
+def test_the_jobs_table_is_filtered_and_bounded_by_the_server(server: Server, browser: Any) -> None:
+    with server.client("admin-secret") as admin, server.client("ops-secret") as ops:
+        kept = submit(admin, "research", ["sleep", "600"], tier="high", name="kept")
+        dropped = submit(admin, "research", ["sleep", "600"], tier="low", name="dropped")
+        admin.delete(f"/v1/jobs/{dropped['id']}")
+        wait_for(admin, dropped["id"], {"cancelled"})
+
+        def ids(**params: Any) -> list[str]:
+            return [j["id"] for j in admin.get("/v1/dashboard", params=params).json()["jobs"]]
+
+        assert kept["id"] in ids() and dropped["id"] not in ids()
+        assert ids(state="cancelled")[0] == dropped["id"]  # finished: newest first
+        assert kept["id"] in ids(tier="high") and kept["id"] not in ids(tier="low")
+        assert {kept["id"], dropped["id"]} <= set(ids(queue="research", state="all"))
+        assert kept["id"] not in ids(queue="ops", state="all")
+        bounded = admin.get("/v1/dashboard", params={"state": "all", "limit": 1}).json()
+        assert len(bounded["jobs"]) == 1 and bounded["jobs_matching"] >= 2
+        refused = ops.get("/v1/dashboard", params={"queue": "research"})
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+        assert admin.get("/v1/dashboard", params={"state": "asleep"}).status_code == 422
+
+    tab = Page(browser, server)
+    tab.sign_in("admin-secret")
+    expect(tab.state_of(kept["id"])).to_have_text("running", timeout=10_000)
+    tab.page.select_option("#filter-state", "cancelled")
+    expect(tab.state_of(dropped["id"])).to_have_text("cancelled", timeout=10_000)
+    assert tab.state_of(kept["id"]).count() == 0
+    assert tab.errors == []
+    tab.close()
+
+
 def test_the_page_is_served_from_the_package_alone(server: Server) -> None:
     page = httpx.get(f"{server.url}/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")

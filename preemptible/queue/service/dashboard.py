@@ -82,7 +82,9 @@ class DashboardView:
     max_wait_least_served_s: float
     window_s: float
     jobs: list[JobView]
-    """The pending, running and preempting jobs this viewer sees in full."""
+    """The jobs the filters select, of the queues this viewer sees in full, at most `limit`."""
+    jobs_matching: int
+    """How many jobs the filters select (more than `jobs` holds when over the limit)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Protocol, runtime_checkable
+from typing import Annotated, Literal, Protocol, runtime_checkable
 
 from fastapi import APIRouter, FastAPI, Query
 from fastapi.responses import FileResponse
@@ -27,14 +27,22 @@ from preemptible.queue.service.api import (
     Caller,
     Manager,
     QueueManagerProtocol,
+    Tier,
     _check_job_access,
     _documented,
-    _job_token_refused,
+    _queue_scope,
 )
-from preemptible.queue.service.auth import PrincipalKind
 from preemptible.queue.service.dashboard import DashboardView, JobDetailView
 from preemptible.queue.service.history import SignalSample
-from preemptible.queue.service.views import JobState
+from preemptible.queue.service.views import JobState, JobView
+
+MAX_JOBS_SHOWN = 500
+"""The overview lists at most this many jobs (and says how many match): a queue of 10,000
+must not cost every open page megabytes every two seconds."""
+JobFilter = Literal[
+    "active", "all", "pending", "running", "preempting", "completed", "failed", "cancelled"
+]
+"""Which jobs the overview lists: "active" is pending, running and preempting."""
 
 STATIC_DIR = Path(__file__).parent / "static"
 """The page's files, package data (pyproject.toml `package-data`)."""
@@ -65,19 +73,23 @@ router = APIRouter(prefix="/v1", responses=_documented(401, 403, 422))
 
 @router.get(
     "/dashboard",
-    summary="The dashboard's overview: queues, signals, GPUs and active jobs (queue or admin)",
+    summary="The dashboard's overview: queues, signals, GPUs and the jobs the filters select",
 )
-def overview(principal: Caller, manager: Manager) -> DashboardView:
-    if principal.kind is PrincipalKind.JOB:
-        raise _job_token_refused(principal)
+def overview(
+    principal: Caller,
+    manager: Manager,
+    queue: Annotated[str | None, Query(max_length=200)] = None,
+    state: JobFilter = "active",
+    tier: Tier | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_JOBS_SHOWN)] = MAX_JOBS_SHOWN,
+) -> DashboardView:
+    scope = _queue_scope(principal, queue)  # refuses job tokens and other queues' listings
     queues = manager.queues()
     stats = manager.stats()
     running = manager.list_jobs(state=JobState.RUNNING)
     preempting = manager.list_jobs(state=JobState.PREEMPTING)
-    scope = None if principal.kind is PrincipalKind.ADMIN else principal.name
-    pending = manager.list_jobs(queue=scope, state=JobState.PENDING)
     holding = running + preempting
-    visible = [j for j in holding if dashboard.sees_in_full(principal, j.queue)] + pending
+    matching = _jobs(manager, scope, state, tier)
     gpus = manager.config.cluster.gpus
     return DashboardView(
         at=time.time(),
@@ -87,8 +99,27 @@ def overview(principal: Caller, manager: Manager) -> DashboardView:
         overall=stats.overall,
         max_wait_least_served_s=stats.max_wait_least_served_s,
         window_s=stats.window_s,
-        jobs=sorted(visible, key=lambda j: (j.submitted_at, j.id)),
+        jobs=matching[:limit],
+        jobs_matching=len(matching),
     )
+
+
+def _jobs(
+    manager: QueueManagerProtocol, queue: str | None, state: JobFilter, tier: Tier | None
+) -> list[JobView]:
+    """The jobs the filters select: waiting and running ones oldest first (as `queue status`
+    lists them), finished ones newest first."""
+    if state == "all":
+        found = manager.list_jobs(queue=queue)
+    elif state == "active":
+        active = dashboard.ACTIVE_STATES
+        found = [j for s in active for j in manager.list_jobs(queue=queue, state=s)]
+    else:
+        found = manager.list_jobs(queue=queue, state=JobState(state))
+    if tier is not None:
+        found = [j for j in found if j.tier == tier]
+    newest_first = state not in ("active", *(s.value for s in dashboard.ACTIVE_STATES))
+    return sorted(found, key=lambda j: (j.submitted_at, j.id), reverse=newest_first)
 
 
 @router.get(

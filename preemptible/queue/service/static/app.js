@@ -4,7 +4,7 @@
 import * as api from "./api.js";
 import { show } from "./dom.js";
 import { renderJob } from "./job.js";
-import { fillQueueFilter, filters, needsJobList, renderCluster, renderJobs, renderQueues, renderSignals } from "./overview.js";
+import { fillQueueFilter, filters, renderCluster, renderJobs, renderQueues, renderSignals } from "./overview.js";
 
 const POLL_MS = 2000;
 const HISTORY_EVERY_MS = 60000;
@@ -50,21 +50,18 @@ async function refreshHistory() {
 }
 
 async function drawOverview() {
-  const data = await api.get("/v1/dashboard");
-  await refreshHistory();
+  // The server filters the jobs (and lists at most 500 of them).
   const f = filters();
-  let jobs = data.jobs;
-  if (needsJobList(f)) {
-    const params = new URLSearchParams();
-    if (f.state !== "all") params.set("state", f.state);
-    if (f.queue) params.set("queue", f.queue);
-    jobs = await api.get(`/v1/jobs?${params}`);
-  }
+  const params = new URLSearchParams({ state: f.state });
+  if (f.queue) params.set("queue", f.queue);
+  if (f.tier) params.set("tier", f.tier);
+  const data = await api.get(`/v1/dashboard?${params}`);
+  await refreshHistory();
   fillQueueFilter(data);
   renderSignals(data, history);
   renderCluster(data);
   renderQueues(data, history);
-  renderJobs(data, jobs, f);
+  renderJobs(data);
   document.getElementById("viewer").textContent =
     data.viewer.kind === "admin" ? "admin" : `queue ${data.viewer.name}`;
   show("job", false);

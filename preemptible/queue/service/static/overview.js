@@ -3,8 +3,6 @@
 import { gpuTiles, queueColor, sparkline } from "./charts.js";
 import { duration, el, number, ordinal, percent, replace, table } from "./dom.js";
 
-const ACTIVE = ["pending", "running", "preempting"];
-
 // The four signals of docs/design.md §5, as [label, field, format].
 const SIGNALS = [
   ["p95 wait", "p95_wait_s", duration],
@@ -117,11 +115,6 @@ export function filters() {
   };
 }
 
-export function needsJobList(f) {
-  // The overview's answer carries the waiting and running jobs; finished ones are asked for.
-  return !(f.state === "active" || ACTIVE.includes(f.state));
-}
-
 export function fillQueueFilter(data) {
   const select = document.getElementById("filter-queue");
   const visible = data.viewer.kind === "admin" ? data.queues.map((q) => q.queue.name) : [data.viewer.name];
@@ -138,12 +131,8 @@ function waited(job, now) {
   return Math.max(0, end - job.submitted_at);
 }
 
-export function renderJobs(data, jobs, f) {
-  const shown = jobs
-    .filter((j) => !f.queue || j.queue === f.queue)
-    .filter((j) => (f.state === "active" ? ACTIVE.includes(j.state) : f.state === "all" || j.state === f.state))
-    .filter((j) => !f.tier || j.tier === f.tier)
-    .sort((a, b) => a.submitted_at - b.submitted_at);
+export function renderJobs(data) {
+  const shown = data.jobs;
   const rows = shown.map((job) => ({
     attrs: { "data-job": job.id, "data-state": job.state },
     cells: [
@@ -161,13 +150,16 @@ export function renderJobs(data, jobs, f) {
   if (shown.length === 0) {
     document.querySelector("#jobs tbody").append(el("tr", {}, el("td", { colspan: 8, class: "empty", text: "no jobs" })));
   }
-  const note = document.getElementById("others");
+  const notes = [];
+  if (data.jobs_matching > shown.length) {
+    notes.push(`Showing ${shown.length} of ${data.jobs_matching} jobs: filter to see others.`);
+  }
   if (data.viewer.kind === "queue") {
     const others = data.queues.filter((r) => r.queue.name !== data.viewer.name);
-    note.textContent = others.length
-      ? `Other queues (counts only): ${others.map((r) => `${r.queue.name}: ${r.queue.pending} pending, ${r.queue.running} running`).join("; ")}.`
-      : "";
-  } else {
-    note.textContent = "";
+    if (others.length) {
+      const counts = others.map((r) => `${r.queue.name}: ${r.queue.pending} pending, ${r.queue.running} running`);
+      notes.push(`Other queues (counts only): ${counts.join("; ")}.`);
+    }
   }
+  document.getElementById("others").textContent = notes.join(" ");
 }
