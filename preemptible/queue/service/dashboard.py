@@ -2,9 +2,9 @@
 
 Nothing here reads the manager's records: the overview is made of `queues()`, `stats()` and
 `list_jobs()`, a job's page of `get_job()` and its audit log (`why()`), so the dashboard says
-exactly what the API and the CLI say. Who sees what is decided here, once, for every answer: a
-queue token sees its own queue's jobs in full and the other queues only as counts (a GPU held
-by another queue shows that queue, not the job).
+exactly what the API and the CLI say. A queue token sees its own queue's jobs in full and the
+other queues only as counts: its listings are scoped as `/v1/jobs` scopes them
+(`dashboard_api.py`), and here a GPU held by another queue shows that queue, not the job.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ class JobDetailView:
     timeline: list[EventView]
     """Its audit log, oldest first."""
     log: LogTailView
-    at: float = field(default=0.0)
+    at: float
     """The server's clock."""
 
 
@@ -242,7 +242,7 @@ def queue_rows(
             lent_gpus=lent[q.name],
             fair_share_rank=ranks[q.name],
             preempting=leaving.get(q.name, 0),
-            signals=stats.queues.get(q.name, stats.overall),
+            signals=stats.queues[q.name],
         )
         for q in queues
     ]
