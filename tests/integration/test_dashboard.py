@@ -207,6 +207,7 @@ def test_a_borrower_is_seen_running_preempting_pending_and_back_with_its_grace(
 
         high = submit(admin, "research", ["sleep", "6"], gpus=2, tier="high", name="train-7b")
         expect(tab.state_of(borrower["id"])).to_have_text("preempting", timeout=STATE_TIMEOUT_MS)
+        seen_at = time.time()
         assert page.locator('#cluster .gpu.preempting[data-queue="interns"]').count() >= 1
         expect(tab.state_of(borrower["id"])).to_have_text("pending", timeout=STATE_TIMEOUT_MS)
         expect(page.locator('#cluster .gpu[data-queue="research"]')).to_have_count(
@@ -216,6 +217,8 @@ def test_a_borrower_is_seen_running_preempting_pending_and_back_with_its_grace(
         expect(tab.state_of(borrower["id"])).to_have_text("running", timeout=30_000)
         assert wait_for(admin, high["id"], {"completed"})["state"] == "completed"
         back = admin.get(f"/v1/jobs/{borrower['id']}").json()
+        events = admin.get("/v1/events", params={"job_id": borrower["id"]}).json()
+        notice_shown_s = seen_at - next(e["at"] for e in events if e["kind"] == "notice")
     assert back["attempts"] == 2
 
     page.click(f'#jobs tr[data-job="{borrower["id"]}"] a')
@@ -229,7 +232,10 @@ def test_a_borrower_is_seen_running_preempting_pending_and_back_with_its_grace(
     expect(page.locator("#job-timeline")).to_contain_text("requeued")
     expect(page.locator("#job-log")).to_contain_text("ready")
     tab.screenshot("job", tmp_path)
-    print(f"\nsigned in and drawn in {signed_in_s:.2f} s; a new job shown {appeared_s:.2f} s later")
+    print(
+        f"\nsigned in and drawn in {signed_in_s:.2f} s; a new job shown {appeared_s:.2f} s "
+        f"after its 201; a notice shown {notice_shown_s:.2f} s after it was sent"
+    )
     assert tab.errors == []
     tab.close()
     cancel_all(server)
