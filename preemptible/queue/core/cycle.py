@@ -493,7 +493,7 @@ class _Cycle:
         )
         res.borrowing = self.policy.quotas and verdict is QuotaVerdict.BORROWING
         self.reservation = res
-        reason = reasons.reserved(self._blocked_reason(job, verdict), res.start_at)
+        reason = reasons.reserved(self._blocked_reason(job, verdict), res.start_at, self.now)
         self.reasons[job.id] = reason
         self.reserves.append(Reserve(job_id=job.id, start_at=res.start_at, reason=reason))
 

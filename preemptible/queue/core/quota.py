@@ -83,10 +83,15 @@ def beyond_limit(queue: Queue, alloc: HasAmounts, leaving: HasAmounts = ZERO) ->
     )
 
 
+def gpus(n: float) -> str:
+    """'1 GPU', '4 GPUs', '0.5 GPUs'."""
+    return f"{n:g} GPU" if n == 1 else f"{n:g} GPUs"
+
+
 def describe_limit(queue: Queue) -> str:
     """'4 GPUs nominal + 4 borrowable', for reasons shown to people."""
     n = queue.nominal.gpus
     b = queue.borrowing_limit.gpus
     borrow = "unlimited borrowing" if b == float("inf") else f"{b:g} borrowable"
-    nominal = "no nominal quota" if n == float("inf") else f"{n:g} GPUs nominal"
+    nominal = "no nominal quota" if n == float("inf") else f"{gpus(n)} nominal"
     return f"{nominal} + {borrow}"

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from preemptible.queue.core.model import Job, Queue
 from preemptible.queue.core.placement import Placement
-from preemptible.queue.core.quota import QuotaVerdict, describe_limit
+from preemptible.queue.core.quota import QuotaVerdict, describe_limit, gpus
 
 WAITING_TURN = "pending: waiting for its turn"
 NOTHING_TO_PREEMPT = "pending: no free GPUs and nothing it may preempt"
@@ -70,25 +70,41 @@ def blocked(
     g = job.request.gpus
     if verdict is QuotaVerdict.BORROWING and g > nominal_gpus:
         head = (
-            f"pending: larger than {job.queue}'s nominal quota ({nominal_gpus:g} GPUs), so it "
+            f"pending: larger than {job.queue}'s nominal quota ({gpus(nominal_gpus)}), so it "
             "can run only on borrowed capacity, and too little is idle"
         )
     elif verdict is QuotaVerdict.BORROWING:
         head = f"pending: {job.queue} over quota and no idle capacity to borrow"
     else:
         head = "pending: no free capacity"
-    detail = f"needs {g} GPUs, {free_gpus} free"
+    detail = f"needs {gpus(g)}, {free_gpus} free"
     if nodes and free_gpus >= g:
         detail += "; no node block fits it (fragmented)"
     return f"{head} ({detail})"
 
 
-def reserved(blocked_reason: str, start_at: float) -> str:
-    when = "unknown" if start_at == float("inf") else f"t={start_at:.0f}s"
+def reserved(blocked_reason: str, start_at: float, now: float) -> str:
+    """The reservation's start, relative to `now`: the shell's clock may be epoch seconds or a
+    trace's, and people read neither."""
+    if start_at == float("inf"):
+        when = "at a time not yet known"
+    else:
+        when = f"in {_duration(start_at - now)}" if start_at > now else "now"
     return (
-        f"{blocked_reason}; first in line, so capacity is reserved from {when} and smaller "
-        "jobs backfill only if they do not delay it"
+        f"{blocked_reason}; first in line, so capacity is reserved for it (expected {when}) "
+        "and smaller jobs backfill only if they do not delay it"
     )
+
+
+def _duration(seconds: float) -> str:
+    """'45s', '12m', '3h 20m': as precise as a reader of a reason needs."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    hours, minutes = divmod(s // 60, 60)
+    return f"{hours}h {minutes}m" if minutes else f"{hours}h"
 
 
 def preempted(

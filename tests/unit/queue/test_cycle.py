@@ -233,6 +233,7 @@ def test_backfill_admits_only_jobs_that_do_not_delay_the_reservation():
     r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 100.0, slurm, cfg)
     assert admitted(r) == ["short"]
     assert r.reserve[0].job_id == "head" and r.reserve[0].start_at == pytest.approx(3600.0)
+    assert "capacity is reserved for it (expected in 58m)" in r.reason_for("head")
     assert r.admit[0].backfill
     assert "would delay the reservation of head" in r.reason_for("long")
 
