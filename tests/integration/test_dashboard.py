@@ -14,9 +14,7 @@ tests/integration/test_dashboard.py` copies them to docs/img/dashboard-*.png.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import socket
 import sys
 import time
@@ -33,8 +31,8 @@ from preemptible.queue.service import dashboard, signals
 from preemptible.queue.service.history import SignalHistory
 from preemptible.queue.service.store import Store
 from preemptible.queue.service.views import CostView, EventView, JobState, JobView, QueueView
+from tests.browser import keep_screenshot, launched
 
-from .dashboard_browser import LAUNCH_ARGS, chromium
 from .queue_server import Server, ready, submit, wait_for
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'")
@@ -42,8 +40,6 @@ expect = playwright_api.expect
 
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "preemptible" / "queue" / "service" / "static"
-DOCS_IMG = ROOT / "docs" / "img"
-UPDATE_SCREENSHOTS = os.environ.get("PREEMPTIBLE_UPDATE_SCREENSHOTS") == "1"
 
 CONFIG = """
 [cluster]
@@ -126,13 +122,8 @@ def cancel_all(server: Server) -> None:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    path = chromium()
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(path), headless=True, args=LAUNCH_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with launched() as b:
+        yield b
 
 
 class Page:
@@ -157,8 +148,7 @@ class Page:
     def screenshot(self, name: str, tmp: Path) -> None:
         path = tmp / f"dashboard-{name}.png"
         self.page.screenshot(path=str(path), full_page=True)
-        if UPDATE_SCREENSHOTS:
-            shutil.copyfile(path, DOCS_IMG / path.name)
+        keep_screenshot(path)
 
     def close(self) -> None:
         self.context.close()

@@ -1,9 +1,13 @@
-"""Debian's Chromium driven by Playwright, for the dashboard's tests.
+"""Debian's Chromium driven by Playwright, for the tests that look at a page in a browser (the
+queue manager's dashboard, the simulator's HTML report).
 
 Playwright's own browser download (`playwright install`) needs a network the test machines do
 not have; Debian's `chromium` package works with it (headless, `--no-sandbox` as root). The
 set-up installs the package with apt when it is missing, as the SLURM test does for its
 daemons, and skips with the reason only when that cannot work (not root, no apt, no package).
+
+Screenshots shown in the docs are taken on every run and copied to `docs/img/` only when
+`PREEMPTIBLE_UPDATE_SCREENSHOTS=1`.
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +33,8 @@ LAUNCH_ARGS = [
     "--no-first-run",
     "--disable-quic",
 ]
+DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+UPDATE_SCREENSHOTS = os.environ.get("PREEMPTIBLE_UPDATE_SCREENSHOTS") == "1"
 
 
 def chromium() -> Path:
@@ -34,8 +43,28 @@ def chromium() -> Path:
         return CHROMIUM
     why = _install()
     if why is not None or not CHROMIUM.exists():
-        pytest.skip(f"the dashboard's browser tests need Debian's chromium: {why or 'not found'}")
+        pytest.skip(f"the browser tests need Debian's chromium: {why or 'not found'}")
     return CHROMIUM
+
+
+@contextmanager
+def launched() -> Iterator[Any]:
+    """A headless Chromium (Playwright's `Browser`), closed on exit; skips without Playwright
+    or Chromium."""
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'")
+    path = chromium()
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(path), headless=True, args=LAUNCH_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def keep_screenshot(path: Path) -> None:
+    """Copies a screenshot the test took to `docs/img/` under its own name, when asked to."""
+    if UPDATE_SCREENSHOTS:
+        shutil.copyfile(path, DOCS_IMG / path.name)
 
 
 def _install() -> str | None:
