@@ -32,6 +32,7 @@ import yaml
 from preemptible.errors import ConfigError
 from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.core.model import Limits, Queue, Tier
+from preemptible.queue.core.resources import values
 
 __all__ = [
     "KUEUE_API_VERSIONS",
@@ -353,6 +354,11 @@ def _kueue_notes(config: QueueConfig) -> list[str]:
             "- Nodes and defragmentation: one flat ResourceFlavor (add nodeLabels or a "
             "topology to place by node)."
         )
+    if p.beyond_limit and _has_borrowing_limit(config):
+        notes.append(
+            "- Idle capacity lent beyond a borrowing limit to work that saves on notice, the "
+            "first reclaimed: Kueue admits nothing past borrowingLimit, so those GPUs idle."
+        )
     unlimited = sorted(
         {
             f"{q.name} ({attr})"
@@ -422,7 +428,8 @@ def slurm_conf(config: QueueConfig) -> str:
         "restore): PreemptExemptTime is the flat min_runtime. The cooldown and the "
         "per-queue preemption budget: none.",
         "- Nominal quotas and reclaim: SLURM guarantees no share; each queue's account is "
-        "capped at nominal + borrowing limit (sacctmgr.sh) and fair share orders the rest.",
+        "capped at nominal + borrowing limit (sacctmgr.sh) and fair share orders the rest. "
+        "A cap is hard: nothing is lent beyond it, however idle the GPUs (beyond_limit).",
         "- Victims by least lost work: SLURM preempts by partition tier, then its own order.",
         f"- Aging ({_dur(p.aging_s)} per fair-share unit, at most {p.aging_max_units:g}): the "
         "age factor grows to PriorityMaxAge, set where our aging credit stops growing, with "
@@ -506,6 +513,10 @@ def sacctmgr_script(config: QueueConfig) -> str:
             f"GrpTRES={_grp_tres(queue)}"
         )
     return "\n".join(lines) + "\n"
+
+
+def _has_borrowing_limit(config: QueueConfig) -> bool:
+    return any(math.isfinite(v) for q in config.queues for v in values(q.borrowing_limit))
 
 
 def _check_slurm_names(queues: Iterable[Queue]) -> None:

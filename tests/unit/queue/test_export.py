@@ -314,6 +314,17 @@ def test_the_comment_says_what_kueue_cannot_express():
     assert "Minimum runtime" in text
     assert "half-life of 7d" in text
     assert "fairSharing: {enable: true}" in text
+    assert "lent beyond a borrowing limit" in text  # the example's queues have limits
+
+
+def test_the_comment_mentions_lending_beyond_limits_only_when_it_applies():
+    unlimited = parse_config_text("[cluster]\ngpus = 8\n[[queues]]\nname = 'a'\n")
+    assert "beyond a borrowing limit" not in kueue_yaml(unlimited)
+    limited = parse_config_text(
+        "[cluster]\ngpus = 8\n[policy]\nbeyond_limit = false\n[[queues]]\nname = 'a'\n"
+        "nominal = { gpus = 4 }\nborrowing_limit = { gpus = 2 }\n"
+    )
+    assert "beyond a borrowing limit" not in kueue_yaml(limited)
 
 
 def test_unscheduled_cpus_and_memory_are_not_covered_and_the_comment_says_so():
