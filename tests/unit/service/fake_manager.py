@@ -26,6 +26,7 @@ from fastapi import FastAPI
 
 from preemptible.errors import JobNotFoundError, JobStateError, RequestError
 from preemptible.queue.core import QueueConfig, parse_config_text
+from preemptible.queue.service.history import SignalSample
 from preemptible.queue.service.metrics import DurationHistogram
 from preemptible.queue.service.views import (
     CostView,
@@ -280,6 +281,12 @@ class FakeQueueManager:
         if k < 1 or k > attempts:
             raise JobNotFoundError(f"job {job_id} has no attempt {k} (it has {attempts})")
         return self.log_dir / f"{job_id}.{k}.log"
+
+    def signal_history(self, since: float) -> list[SignalSample]:
+        """Two samples of `stats()`, a minute apart and the last now; those after `since`."""
+        self._maybe_fail()
+        now = self.clock()
+        return [SignalSample(at=at, stats=self.stats()) for at in (now - 60.0, now) if at > since]
 
     def job_for_token(self, token: str) -> str | None:
         self._maybe_fail()

@@ -115,6 +115,11 @@ ENDPOINTS: dict[str, tuple[str, str, dict[str, Any] | None, int, dict[str, bool]
     "stats": ("GET", "/v1/stats", None, 200, ANY_TOKEN),
     "events": ("GET", "/v1/events", None, 200, LISTING),
     "events-queue": ("GET", "/v1/events?queue=team-a", None, 200, QUEUE_OR_ADMIN),
+    # the dashboard's answers (dashboard_api.py)
+    "dashboard": ("GET", "/v1/dashboard", None, 200, LISTING),
+    "dashboard-queue": ("GET", "/v1/dashboard?queue=team-a", None, 200, QUEUE_OR_ADMIN),
+    "detail": ("GET", "/v1/jobs/{id}/detail", None, 200, QUEUE_OR_ADMIN),
+    "signal-history": ("GET", "/v1/signals/history", None, 200, ANY_TOKEN),
 }
 
 
@@ -150,14 +155,30 @@ def test_access_matrix(http: httpx.Client, fake: FakeQueueManager, endpoint: str
         assert_error(response, 403, "forbidden")
 
 
+# Paths any caller may read, with a token or without: the dashboard's page and files, and
+# what monitoring reads.
+NO_TOKEN = ["/metrics", "/healthz", "/openapi.json", "/", "/static/app.js"]
+
+
 @pytest.mark.parametrize("who", WHO)
-@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/openapi.json"])
-def test_metrics_health_and_schema_need_no_token(
+@pytest.mark.parametrize("path", NO_TOKEN)
+def test_metrics_health_schema_and_the_dashboards_files_need_no_token(
     http: httpx.Client, fake: FakeQueueManager, path: str, who: str
 ) -> None:
     target, sibling = running_job(fake), running_job(fake)
     response = http.get(path, headers=headers_for(who, fake, target.id, sibling.id))
     assert response.status_code == 200
+
+
+def test_every_route_is_in_the_access_matrix(app: FastAPI) -> None:
+    """A new route cannot go untested for who may call it."""
+    tested = {
+        (method.lower(), path.split("?")[0].replace("{id}", "{job_id}"))
+        for method, path, *_ in ENDPOINTS.values()
+    } | {("get", path) for path in NO_TOKEN}
+    for path, operations in app.openapi()["paths"].items():
+        for method in operations:
+            assert (method, path) in tested, f"{method.upper()} {path} is not in ENDPOINTS"
 
 
 def test_a_queue_token_lists_only_its_own_queues_jobs_and_events(
@@ -424,6 +445,16 @@ def test_queues_and_stats(http: httpx.Client, fake: FakeQueueManager) -> None:
     assert set(stats["queues"]) == {"team-a", "team-b"}
     assert set(stats["overall"]) == {f.name for f in dataclasses.fields(SignalsView)}
     assert stats["queues"]["team-b"]["p95_wait_s"] == 120.0
+
+
+def test_signal_history_is_the_managers_samples_after_since(
+    http: httpx.Client, fake: FakeQueueManager
+) -> None:
+    samples = http.get("/v1/signals/history", headers=job_headers(fake, running_job(fake))).json()
+    assert [set(s) for s in samples] == [{"at", "stats"}] * 2
+    assert samples[1]["stats"]["queues"]["team-b"]["p95_wait_s"] == 120.0
+    since = {"since": samples[1]["at"] - 1.0}
+    assert len(http.get("/v1/signals/history", params=since, headers=TEAM_B).json()) == 1
 
 
 def test_events_since_an_id(http: httpx.Client, fake: FakeQueueManager) -> None:
