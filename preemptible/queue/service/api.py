@@ -1,8 +1,9 @@
 """The queue manager's HTTP API (docs/design.md, "Service"): routes, request checks, errors.
 
 `create_app(manager)` wraps a `QueueManager` in a FastAPI app. This module owns the edge only:
-who may call what (`auth.py`), the shape of requests and answers (pydantic models that mirror
-`views.py`, field for field), and the mapping from the shared error tree to HTTP statuses.
+who is calling (`auth.py`) and what they may reach (`access.py`), the shape of requests and
+answers (pydantic models that mirror `views.py`, field for field), and the mapping from the
+shared error tree to HTTP statuses.
 Everything it knows about jobs it asks the manager; it keeps no state of its own.
 
 Every error, whatever raised it (the manager, validation, routing, a body too large, a bug),
@@ -48,11 +49,16 @@ from preemptible.errors import (
     RequestError,
 )
 from preemptible.queue.core.config import QueueConfig
+from preemptible.queue.service.access import (
+    check_job_access,
+    check_may_submit,
+    check_own_job,
+    queue_scope,
+)
 from preemptible.queue.service.auth import (
     AuthenticationError,
     Authenticator,
     Principal,
-    PrincipalKind,
     Tokens,
     resolve_tokens,
 )
@@ -277,7 +283,9 @@ _CODES = {
 }
 
 
-def _documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A route's OpenAPI `responses` for these error statuses: the error shape and what each
+    status means here. Every status a route can answer is listed (a test checks it)."""
     return {s: {"model": ErrorAnswer, "description": _DESCRIPTIONS[s]} for s in statuses}
 
 
@@ -513,56 +521,14 @@ Manager = Annotated[QueueManagerProtocol, Depends(_manager)]
 Caller = Annotated[Principal, Depends(_caller)]
 
 
-def _queue_scope(principal: Principal, queue: str | None) -> str | None:
-    """The queue a listing is limited to: the token's own for a queue token."""
-    if principal.kind is PrincipalKind.ADMIN:
-        return queue
-    if principal.kind is PrincipalKind.JOB:
-        raise _job_token_refused(principal)
-    if queue not in (None, principal.name):
-        raise AccessDeniedError(f"{principal.describe()} sees only its own queue, not {queue!r}")
-    return principal.name
-
-
-def _check_job_access(manager: QueueManagerProtocol, principal: Principal, job_id: str) -> None:
-    if principal.kind is PrincipalKind.JOB:
-        raise _job_token_refused(principal)
-    queue = manager.job_queue(job_id)
-    if not principal.may_act_for_queue(queue):
-        raise AccessDeniedError(
-            f"job {job_id!r} belongs to queue {queue!r}; {principal.describe()} cannot reach it "
-            "(use that queue's token or the admin token)"
-        )
-
-
-def _check_own_job(principal: Principal, job_id: str) -> None:
-    if principal.kind is not PrincipalKind.JOB or principal.name != job_id:
-        raise AccessDeniedError(
-            f"only job {job_id!r}'s own token (its PREEMPTIBLE_TOKEN) may call this; "
-            f"this is {principal.describe()}"
-        )
-
-
-def _job_token_refused(principal: Principal) -> AccessDeniedError:
-    return AccessDeniedError(
-        f"{principal.describe()} reaches only that job's cost, notice and checkpointed "
-        "endpoints; use a queue token or the admin token"
-    )
-
-
-router = APIRouter(prefix="/v1", responses=_documented(401, 403, 422))
-_JOB = _documented(404)
-_BODY = _documented(400, 413)
+router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422))
+_JOB = error_responses(404)
+_BODY = error_responses(400, 413)
 
 
 @router.post("/jobs", status_code=201, responses=_BODY, summary="Submit a job")
 def submit(body: SubmitBody, principal: Caller, manager: Manager) -> JobView:
-    if not principal.may_act_for_queue(body.queue):
-        if principal.kind is PrincipalKind.JOB:
-            raise _job_token_refused(principal)
-        raise AccessDeniedError(
-            f"{principal.describe()} may submit only to its own queue, not {body.queue!r}"
-        )
+    check_may_submit(principal, body.queue)
     return manager.submit(body.to_view())
 
 
@@ -573,42 +539,42 @@ def list_jobs(
     queue: Annotated[str | None, Query(max_length=200)] = None,
     state: JobState | None = None,
 ) -> list[JobView]:
-    scope = _queue_scope(principal, queue)
+    scope = queue_scope(principal, queue)
     return manager.list_jobs(queue=scope, state=state)
 
 
 @router.get("/jobs/{job_id}", responses=_JOB, summary="One job")
 def get_job(job_id: str, principal: Caller, manager: Manager) -> JobView:
-    _check_job_access(manager, principal, job_id)
+    check_job_access(manager, principal, job_id)
     return manager.get_job(job_id)
 
 
 @router.delete(
     "/jobs/{job_id}",
     status_code=202,
-    responses={**_JOB, **_documented(409)},
+    responses={**_JOB, **error_responses(409)},
     summary="Cancel a job: notice, grace, kill",
 )
 def cancel(job_id: str, principal: Caller, manager: Manager) -> JobView:
-    _check_job_access(manager, principal, job_id)
+    check_job_access(manager, principal, job_id)
     return manager.cancel(job_id)
 
 
 @router.get("/jobs/{job_id}/why", responses=_JOB, summary="Why pending, why preempted")
 def why(job_id: str, principal: Caller, manager: Manager) -> WhyView:
-    _check_job_access(manager, principal, job_id)
+    check_job_access(manager, principal, job_id)
     return manager.why(job_id)
 
 
 @router.post(
     "/jobs/{job_id}/cost",
-    responses={**_JOB, **_BODY, **_documented(409)},
+    responses={**_JOB, **_BODY, **error_responses(409)},
     summary="Report the job's measured checkpoint cost (the job's token)",
 )
 def report_cost(
     job_id: str, body: CostBody, principal: Caller, manager: Manager
 ) -> NegotiationView:
-    _check_own_job(principal, job_id)
+    check_own_job(principal, job_id)
     return manager.report_cost(job_id, body.to_view())
 
 
@@ -624,7 +590,7 @@ async def notice(
     manager: Manager,
     wait: Annotated[float, Query(ge=0, allow_inf_nan=False)] = 0.0,
 ) -> NoticeAnswer:
-    _check_own_job(principal, job_id)
+    check_own_job(principal, job_id)
     state = request.app.state
     if state.notice_limiter is None:
         state.notice_limiter = anyio.CapacityLimiter(NOTICE_POLLERS)
@@ -636,13 +602,13 @@ async def notice(
 
 @router.post(
     "/jobs/{job_id}/checkpointed",
-    responses={**_JOB, **_BODY, **_documented(409)},
+    responses={**_JOB, **_BODY, **error_responses(409)},
     summary="A checkpoint is committed; after a notice: exiting now (the job's token)",
 )
 def checkpointed(
     job_id: str, body: CheckpointedBody, principal: Caller, manager: Manager
 ) -> CheckpointedAnswer:
-    _check_own_job(principal, job_id)
+    check_own_job(principal, job_id)
     manager.checkpointed(job_id, step=body.step, at=body.at)
     return CheckpointedAnswer()
 
@@ -660,7 +626,7 @@ def logs(
     offset: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
     limit: Annotated[int, Query(ge=1024, le=MAX_LOG_CHUNK)] = DEFAULT_LOG_CHUNK,
 ) -> LogChunk:
-    _check_job_access(manager, principal, job_id)
+    check_job_access(manager, principal, job_id)
     state = manager.get_job(job_id).state  # first: once finished, the file is complete
     try:
         path: Path | None = manager.log_path(job_id, attempt)
@@ -701,7 +667,7 @@ def events(
     job_id: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 1000,
 ) -> list[EventView]:
-    scope = _queue_scope(principal, queue)
+    scope = queue_scope(principal, queue)
     found = manager.events(since=since, queue=scope, job_id=job_id, limit=limit)
     return found
 
@@ -768,8 +734,12 @@ def _whole_characters(data: bytes) -> bytes:
 __all__ = [
     "MAX_BODY_BYTES",
     "MAX_NOTICE_WAIT_S",
+    "Caller",
+    "Manager",
     "QueueManagerProtocol",
+    "Tier",
     "create_app",
     "error_response",
+    "error_responses",
     "read_log_slice",
 ]

@@ -23,14 +23,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from preemptible.errors import JobNotFoundError
 from preemptible.queue.service import dashboard
+from preemptible.queue.service.access import check_job_access, queue_scope
 from preemptible.queue.service.api import (
     Caller,
     Manager,
     QueueManagerProtocol,
     Tier,
-    _check_job_access,
-    _documented,
-    _queue_scope,
+    error_responses,
 )
 from preemptible.queue.service.dashboard import DashboardView, JobDetailView
 from preemptible.queue.service.history import SignalSample
@@ -68,7 +67,7 @@ class KeepsSignalHistory(Protocol):
     def signal_history(self, since: float) -> list[SignalSample]: ...
 
 
-router = APIRouter(prefix="/v1", responses=_documented(401, 403, 422))
+router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422))
 
 
 @router.get(
@@ -83,7 +82,7 @@ def overview(
     tier: Tier | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_JOBS_SHOWN)] = MAX_JOBS_SHOWN,
 ) -> DashboardView:
-    scope = _queue_scope(principal, queue)  # refuses job tokens and other queues' listings
+    scope = queue_scope(principal, queue)  # refuses job tokens and other queues' listings
     queues = manager.queues()
     stats = manager.stats()
     running = manager.list_jobs(state=JobState.RUNNING)
@@ -124,11 +123,11 @@ def _jobs(
 
 @router.get(
     "/jobs/{job_id}/detail",
-    responses=_documented(404),
+    responses=error_responses(404),
     summary="A job's page: attempts, notices, checkpoints, terms, lost work, log tail",
 )
 def job_detail(job_id: str, principal: Caller, manager: Manager) -> JobDetailView:
-    _check_job_access(manager, principal, job_id)
+    check_job_access(manager, principal, job_id)
     job = manager.get_job(job_id)
     history = manager.why(job_id).history
     try:

@@ -7,6 +7,7 @@ test at the end drives the same app in-process from its OpenAPI schema.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import json
@@ -662,6 +663,18 @@ def test_the_real_manager_has_the_protocols_methods_and_parameters() -> None:
             continue
         real = inspect.signature(getattr(QueueManager, name))
         assert list(real.parameters) == list(inspect.signature(member).parameters), name
+
+
+def test_the_service_modules_import_no_private_names_of_one_another() -> None:
+    """What api.py and dashboard_api.py share (access.py, error_responses...) is public."""
+    found = []
+    for path in Path(api.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("preemptible"):
+                names = [a.name for a in node.names if not a.name.startswith("__")]
+                private = [name for name in names if name.startswith("_")]  # not __version__
+                found += [f"{path.name}: {node.module}.{name}" for name in private]
+    assert found == []
 
 
 # --- the answers are the views; the request bodies carry the views' fields ---------------------
