@@ -66,7 +66,7 @@ export function renderJob(detail) {
       el("td", { class: "took", text: seconds(n.took_s) }),
       el("td", {}, graceBar(n)),
       outcome(n),
-      n.lost_gpu_s === null ? "-" : number(n.lost_gpu_s, 2),
+      n.lost_gpu_s === null ? "-" : number(n.lost_gpu_s, 1),
     ],
   }));
   const attempts = detail.attempts.map((a) => [
