@@ -83,6 +83,9 @@ class PreemptionSettings:
     """No job is preempted before running this long (reclaim of borrowed capacity aside)."""
     min_runtime_multiple: float = 10.0
     """Minimum runtime is at least this multiple of (save p95 + restore)."""
+    tier_patience_s: float = 600.0
+    """A job that could start only by preempting lower tiers first waits this long after its
+    submission for capacity to free on its own (policies that have the rule); 0 = at once."""
     cooldown_s: float = 1800.0
     """A job preempted less than this long ago is not preempted again."""
     queue_budget_per_hour: int = 20
@@ -484,6 +487,7 @@ def _preemption(raw: Any) -> PreemptionSettings:
         "grace_max": "grace_max_s",
         "min_runtime": "min_runtime_s",
         "cooldown": "cooldown_s",
+        "tier_patience": "tier_patience_s",
     }
     numbers = {"grace_safety": "grace_safety", "min_runtime_multiple": "min_runtime_multiple"}
     _only(raw, {*durations, *numbers, "queue_budget_per_hour", "enabled"}, ("preemption",))

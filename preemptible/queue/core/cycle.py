@@ -122,7 +122,7 @@ class _Cycle:
                 settings=config.preemption,
                 now=now,
             )
-            if policy.patient_reclaim
+            if policy.patient_reclaim or policy.patient_tier_preemption
             else None
         )
         self.admits: list[Admit] = []

@@ -27,6 +27,9 @@ from preemptible.queue.core.state import ClusterState
 
 EXIT_SLACK_S = 60.0
 """Time for preempted jobs to exit and the next cycle to admit the job they made room for."""
+_TIER_PLAN = frozenset({"tier", "reclaim", "beyond_limit"})
+"""Victim kinds of a plan that waits for `tier_patience` when it preempts a lower tier (a plan
+that takes back loans goes ahead: the reserved job was promised them)."""
 
 
 class ReclaimPatience:
@@ -66,7 +69,10 @@ class ReclaimPatience:
         waiter = self.waiters.get(job.queue)
         if waiter is not None and any(v.kind == "reclaim" for v in plan.victims):
             return reasons.reclaimer_waits(waiter, job.queue)
-        if any(v.kind != "reclaim" for v in plan.victims):
+        kinds = {v.kind for v in plan.victims}
+        if "tier" in kinds and kinds <= _TIER_PLAN:
+            return self._waits_for_tier(job, plan)
+        if not self.policy.patient_reclaim or kinds != {"reclaim"}:
             return None
         until = job.submitted_at + self.patience_s()
         if self.now >= until:
@@ -74,6 +80,16 @@ class ReclaimPatience:
         self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
         self.waiters[job.queue] = job.id
         return reasons.waits_to_reclaim(until - self.now, (v.running.job.id for v in plan.victims))
+
+    def _waits_for_tier(self, job: Job, plan: VictimPlan) -> str | None:
+        """A plan with lower-tier victims waits until `tier_patience` after the submission."""
+        if not self.policy.patient_tier_preemption:
+            return None
+        until = job.submitted_at + self.settings.tier_patience_s
+        if self.now >= until:
+            return None
+        self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
+        return reasons.waits_to_preempt(until - self.now, (v.running.job.id for v in plan.victims))
 
     def patience_s(self) -> float:
         """How long after its submission a job within nominal quota may wait before reclaiming."""

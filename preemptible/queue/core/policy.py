@@ -97,6 +97,11 @@ class Policy:
     """A job within nominal quota that could start only by reclaiming first waits for capacity
     to free on its own, for as long as the one-grace guarantee leaves room (patience.py):
     every reclaim costs a save and a restore, and a job ends somewhere every few minutes."""
+    patient_tier_preemption: bool = False
+    """A job that could start only by preempting lower tiers first waits up to
+    `preemption.tier_patience` after its submission for capacity to free on its own
+    (patience.py): on a busy cluster some job ends every few minutes, and every preemption
+    costs its victims a save and a restore."""
     beyond_limit: bool = False
     """Capacity the walk leaves idle goes to checkpoint-aware work over its queue's borrowing
     limit, which is then the first reclaimed: any job of another queue within its own limit
@@ -133,6 +138,7 @@ POLICIES: dict[str, Policy] = {
         nominal_first=True,
         patient_reclaim=True,
         defragment=True,
+        patient_tier_preemption=True,
         beyond_limit=True,
     ),
 }

@@ -153,6 +153,13 @@ def reclaimer_waits(waiter: str, queue: str) -> str:
     return f"pending: {waiter} of {queue} waits to reclaim first"
 
 
+def waits_to_preempt(seconds: float, victims: Iterable[str]) -> str:
+    return (
+        f"pending: no free capacity; waits up to {seconds:.0f}s for some to free "
+        f"before preempting lower-tier {', '.join(victims)}"
+    )
+
+
 def waits_to_reclaim(seconds: float, victims: Iterable[str]) -> str:
     return (
         f"pending: no free capacity; waits up to {seconds:.0f}s for some to free "

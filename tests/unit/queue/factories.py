@@ -78,7 +78,10 @@ def config(
     cluster: dict = {"gpus": gpus}
     if nodes:
         cluster.update(nodes=nodes, gpus_per_node=gpus // nodes)
-    data: dict = {"cluster": cluster, "policy": policy or {}, "preemption": preemption or {}}
+    # Tier preemption at once unless a test is about patience: the other tests are about which
+    # victims a preemption takes, not about when.
+    preemption = {"tier_patience": "0s", **(preemption or {})}
+    data: dict = {"cluster": cluster, "policy": policy or {}, "preemption": preemption}
     data["queues"] = []
     for name, (weight, nominal, borrow) in queues.items():
         q: dict = {"name": name, "weight": weight, "nominal": {"gpus": nominal}}

@@ -23,6 +23,7 @@ grace_max = "5m"
 min_runtime = "10m"
 min_runtime_multiple = 4
 cooldown = "15m"
+tier_patience = "5m"
 queue_budget_per_hour = 3
 [[queues]]
 name = "team-a"
@@ -70,6 +71,7 @@ def test_full_config_parses_every_key():
     p = cfg.preemption
     assert (p.grace_safety, p.grace_margin_s, p.grace_min_s, p.grace_max_s) == (2.0, 5, 20, 300)
     assert (p.min_runtime_s, p.min_runtime_multiple, p.cooldown_s) == (600, 4, 900)
+    assert p.tier_patience_s == 300
     assert p.queue_budget_per_hour == 3
     a = cfg.queue("team-a")
     assert a.weight == 2.0 and a.nominal.gpus == 8 and a.borrowing_limit.gpus == 4

@@ -570,6 +570,38 @@ def test_a_job_within_nominal_waits_for_capacity_before_reclaiming_while_the_gua
     assert len(cycle(1.0, POLICIES["kueue"]).preempt) == 1  # the baseline reclaims at once
 
 
+@pytest.mark.parametrize("patience", [600.0, 1800.0])
+def test_a_higher_tier_waits_for_capacity_before_preempting_a_lower_one(patience):
+    cfg = config(gpus=2, queues={"a": (1.0, 2, INF)}, preemption={"tier_patience": patience})
+    low = [running(job("low", tier="low"), started=0.0)]
+    pending = [job("high", tier="high", gpus=2, at=1000.0)]
+
+    def cycle(now, policy=OURS):
+        return schedule(snapshot(cfg, pending=pending, running_jobs=low), now, policy, cfg)
+
+    early = cycle(1000.0 + patience - 1)
+    assert early.preempt == () and early.wake_at == 1000.0 + patience
+    assert early.reason_for("high") == (
+        "pending: no free capacity; waits up to 1s for some to free before preempting "
+        "lower-tier low"
+    )
+    due = cycle(1000.0 + patience)
+    assert preempted(due) == ["low"] and not due.preempt[0].reclaim
+    impatient = dataclasses.replace(OURS, patient_tier_preemption=False)
+    assert preempted(cycle(1000.0, impatient)) == ["low"]
+    assert preempted(cycle(1000.0, POLICIES["kueue"])) == ["low"]  # the baseline at once
+
+
+def test_a_requeued_higher_tier_job_does_not_wait_again():
+    # Patience counts from the submission, which a requeue keeps: a job preempted by a still
+    # higher tier has waited its turn already.
+    cfg = config(gpus=2, queues={"a": (1.0, 2, INF)}, preemption={"tier_patience": "10m"})
+    low = [running(job("low", tier="low"), started=0.0)]
+    requeued = job("high", tier="high", gpus=2, at=0.0, preempted_at=5000.0)
+    r = schedule(snapshot(cfg, pending=[requeued], running_jobs=low), 5100.0, OURS, cfg)
+    assert preempted(r) == ["low"]  # 100 s after its requeue, 5,100 s after its submission
+
+
 def test_while_a_reclaim_waits_later_work_of_its_queue_does_not_reclaim_ahead_of_it():
     # b's new high-tier job waits to reclaim; b's requeued low-tier job, whose own wait is long
     # over, would otherwise take b's nominal room first, and be tier-preempted for it later.
