@@ -20,7 +20,8 @@ The phases, as in kueue's `schedule()`:
    3. if it does not fit (`_blocked`): a job ahead of any reservation that fits by count, only
       not on one node block, may move a few small jobs to other nodes (`defrag.py`); else it
       may preempt (`_maybe_preempt`: reclaim, lower tier, or, for the reserved job, its loans;
-      a first reclaim may wait for capacity to free on its own, `patience.py`);
+      a first reclaim or tier preemption may wait for capacity to free on its own,
+      `patience.py`);
    4. still blocked: a strict policy stops the walk here, a backfilling one reserves capacity
       for this job (`backfill.py`) and goes on with the rest, the others skip the job's group.
 4. **Stop early** when nothing is free and nothing can be preempted: the rest wait.

@@ -9,6 +9,10 @@ and only a plan of reclaims. While it waits, no other queue starts to borrow wit
 than that (`ReclaimPatience.blocks_borrower`), so what it counted on holds, and no later work of
 its own queue reclaims ahead of it: that work would take the room within nominal quota it waits
 for, and it would then take that room back by tier preemption, or borrow.
+
+Patient tier preemption: a plan that preempts lower tiers waits the same way, until
+`tier_patience` after the submission (a tier has no guarantee to bound it, so the bound is a
+setting). A plan that takes back loans never waits.
 """
 
 from __future__ import annotations
