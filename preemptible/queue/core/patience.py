@@ -25,7 +25,7 @@ from preemptible.queue.core.config import PreemptionSettings
 from preemptible.queue.core.model import Job
 from preemptible.queue.core.policy import Policy
 from preemptible.queue.core.preemption import VictimPlan, victim_grace_s
-from preemptible.queue.core.quota import QuotaVerdict, is_borrowing
+from preemptible.queue.core.quota import QuotaVerdict, check_quota, is_borrowing
 from preemptible.queue.core.resources import Amounts
 from preemptible.queue.core.state import ClusterState
 
@@ -74,7 +74,7 @@ class ReclaimPatience:
         if waiter is not None and any(v.kind == "reclaim" for v in plan.victims):
             return reasons.reclaimer_waits(waiter, job.queue)
         kinds = {v.kind for v in plan.victims}
-        if "tier" in kinds and kinds <= _TIER_PLAN:
+        if kinds <= _TIER_PLAN and self._tier_only(job, plan):
             return self._waits_for_tier(job, plan)
         if not self.policy.patient_reclaim or kinds != {"reclaim"}:
             return None
@@ -84,6 +84,23 @@ class ReclaimPatience:
         self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
         self.waiters[job.queue] = job.id
         return reasons.waits_to_reclaim(until - self.now, (v.running.job.id for v in plan.victims))
+
+    def _tier_only(self, job: Job, plan: VictimPlan) -> bool:
+        """Whether some victim may go only because its tier is lower: one of the job's own
+        queue, or any when the job would not be within its nominal quota. Other queues' borrowed
+        work is the guaranteed job's to reclaim (whatever the victim is called), and that wait
+        is bounded by the guarantee, not by `tier_patience`."""
+        policy = self.policy
+        guaranteed = (
+            policy.reclaim
+            and policy.quotas
+            and check_quota(self.st.queues[job.queue], self.alloc[job.queue], job.request)
+            is QuotaVerdict.WITHIN_NOMINAL
+        )
+        return any(
+            v.kind == "tier" and (not guaranteed or v.running.job.queue == job.queue)
+            for v in plan.victims
+        )
 
     def _waits_for_tier(self, job: Job, plan: VictimPlan) -> str | None:
         """A plan with lower-tier victims waits until `tier_patience` after the submission."""

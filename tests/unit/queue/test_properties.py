@@ -190,7 +190,10 @@ def test_a_job_within_nominal_waits_at_most_one_grace_for_borrowers(seed, flood,
     import random
 
     rng = random.Random(seed)
-    cfg = config(gpus=8, queues={"a": (1.0, 2, INF), "b": (1.0, 6, INF)})
+    # The default tier patience: a guaranteed job's wait must not depend on it.
+    cfg = config(
+        gpus=8, queues={"a": (1.0, 2, INF), "b": (1.0, 6, INF)}, preemption={"tier_patience": "10m"}
+    )
     jobs = [
         TraceJob(
             job_id=f"a{i}",
