@@ -145,7 +145,10 @@ CFG = parse_config_text(
 def test_preemption_costs_depend_on_checkpointing(mode, at, lost):
     jobs = [_job("low", 0, 10_000, tier="low", ckpt=100.0), _job("high", at, 600, tier="high")]
     opts = SimOptions(checkpoint_mode=mode, checkpoint_interval_s=1800.0, cycle_interval_s=0.0)
-    cfg = parse_config_text("[cluster]\ngpus = 1\n[[queues]]\nname = 'a'\nnominal = { gpus = 1 }\n")
+    cfg = parse_config_text(  # the notice at the high job's arrival: no tier patience
+        "[cluster]\ngpus = 1\n[preemption]\ntier_patience = 0\n"
+        "[[queues]]\nname = 'a'\nnominal = { gpus = 1 }\n"
+    )
     result = Simulator(jobs, cfg, POLICIES["preemptible"], opts).run()
     low = next(r for r in result.records if r.trace.job_id == "low")
     assert (low.preemptions, low.moves) == (1, 0)
