@@ -33,6 +33,8 @@ from preemptible.sim.trace import TraceJob
 CONFIG = {
     "cluster": {"gpus": 16},
     "policy": {"fair_share_half_life": "1d", "aging": "1h"},
+    # Short, so that the 200 jobs see both waits that end in a preemption and waits that do not.
+    "preemption": {"tier_patience": "2m"},
     "queues": [
         {"name": "team-a", "weight": 2.0, "nominal": {"gpus": 8}, "borrowing_limit": {"gpus": 8}},
         {"name": "team-b", "nominal": {"gpus": 4}, "borrowing_limit": {"gpus": 8}},
