@@ -222,8 +222,9 @@ class VictimSearch:
             return None
         if not can_reclaim:
             room.update(beyond)  # a borrower takes only what the victim's queue has beyond
-        scope = _Scope(verdict, can_reclaim, can_tier, take_loans, room, borrowing, frozenset())
-        return scope._replace(beyond=frozenset(beyond))
+        return _Scope(
+            verdict, can_reclaim, can_tier, take_loans, room, borrowing, frozenset(beyond)
+        )
 
     def _beyond(self, job: Job, verdict: QuotaVerdict) -> dict[str, Amounts]:
         """Other queues' excess over their borrowing limit that `job` may take (rule 4)."""
