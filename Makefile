@@ -10,7 +10,8 @@ TYPED   ?= preemptible/checkpoint preemptible/queue preemptible/cli/queue.py pre
            preemptible/reporters preemptible/lightning.py preemptible/sidecar.py preemptible/cost.py \
            preemptible/cli/sidecar.py preemptible/deadline.py preemptible/launch.py \
            preemptible/accelerate.py preemptible/runtime.py preemptible/sim/family.py \
-           preemptible/sim/html_report.py preemptible/sim/plots.py preemptible/sim/metrics.py
+           preemptible/sim/html_report.py preemptible/sim/plots.py preemptible/sim/metrics.py \
+           preemptible/units.py
 
 .PHONY: venv test test-fast lint format typecheck docs demo demo-checkpoint bench clean
 

@@ -24,8 +24,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from preemptible.cli.sim import fmt_duration
 from preemptible.errors import PreemptibleError
+from preemptible.units import fmt_duration
 
 URL_ENV = "PREEMPTIBLE_QUEUE_URL"
 TOKEN_ENV = "PREEMPTIBLE_TOKEN"

@@ -19,9 +19,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from preemptible.errors import PreemptibleError
-from preemptible.sim.metrics import COMPARISON_COLUMNS, fmt_duration, format_metric
-
-__all__ = ["app", "fmt_duration", "run_sim"]
+from preemptible.units import fmt_duration
 
 app = typer.Typer(
     help="Replay a job trace through the scheduling policies in virtual time.",
@@ -213,6 +211,8 @@ def _progress(quiet: bool) -> Any:
 def _print_tables(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from preemptible.sim.metrics import COMPARISON_COLUMNS, format_metric
 
     console = Console()
     if not console.is_terminal:

@@ -27,8 +27,9 @@ from typing import Any, NamedTuple
 
 from preemptible._version import __version__
 from preemptible.sim.engine import SimResult
-from preemptible.sim.metrics import COMPARISON_COLUMNS, Column, fmt_duration, format_metric
+from preemptible.sim.metrics import COMPARISON_COLUMNS, Column, format_metric
 from preemptible.sim.plots import COMPARISON_CHARTS, RUN_CHARTS, Timeline, png_bytes, timeline
+from preemptible.units import fmt_duration
 
 QUEUE_COLUMNS = (
     Column("jobs", "jobs", "count", False),

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from preemptible.sim.engine import JobRecord, SimResult
+from preemptible.units import fmt_duration
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -130,17 +131,6 @@ COMPARISON_COLUMNS = (
     Column("lost_gpu_s", "lost GPU-h", "gpuh", False),
     Column("lost_gpu_s_per_preemption", "lost GPU-s/preempt", "num", False),
 )
-
-
-def fmt_duration(seconds: float) -> str:
-    """'42s', '7.5m', '3.2h', '2.1d'."""
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    if seconds < 3 * 86400:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
 
 
 def format_metric(value: float, kind: str) -> str:
