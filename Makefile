@@ -11,7 +11,7 @@ TYPED   ?= preemptible/checkpoint preemptible/queue preemptible/cli/queue.py pre
            preemptible/cli/sidecar.py preemptible/deadline.py preemptible/launch.py \
            preemptible/accelerate.py preemptible/runtime.py preemptible/sim/family.py \
            preemptible/sim/html_report.py preemptible/sim/plots.py preemptible/sim/metrics.py \
-           preemptible/units.py
+           preemptible/units.py preemptible/files.py
 
 .PHONY: venv test test-fast lint format typecheck docs demo demo-checkpoint bench clean
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 from preemptible.checkpoint.stats import CheckpointCost, Summary
 from preemptible.errors import ConfigError
+from preemptible.files import replace_atomically
 
 COST_FILE_ENV = "PREEMPTIBLE_COST_FILE"
 
@@ -33,20 +33,8 @@ def write_cost_file(
     Readable by all (0644, where `tempfile.mkstemp` gives 0600): the sidecar that reads it may
     run as another user than the trainer, and the file holds no secret.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     payload = json.dumps(cost.to_json(updated_at=now if now is not None else time.time()), indent=1)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_atomically(path, payload.encode())
 
 
 def read_cost_file(path: str | os.PathLike[str]) -> CheckpointCost:

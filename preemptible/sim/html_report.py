@@ -16,7 +16,6 @@ five policies on a large trace holds one run's job records at a time, not five.
 from __future__ import annotations
 
 import base64
-import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from preemptible._version import __version__
+from preemptible.files import replace_atomically
 from preemptible.sim.engine import SimResult
 from preemptible.sim.metrics import COMPARISON_COLUMNS, Column, format_metric
 from preemptible.sim.plots import COMPARISON_CHARTS, RUN_CHARTS, Timeline, png_bytes, timeline
@@ -158,22 +158,14 @@ def check_writable(path: Path) -> None:
 
 
 def write_report(path: Path, page: str) -> int:
-    """Atomically replace `path` with `page` (temp file in the same folder, then rename).
+    """Atomically replace `path` with `page` (`preemptible.files`).
 
     Returns:
         The size of the file in bytes.
     """
     check_writable(path)
     data = page.encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp gives 0600; a report is for sharing
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_atomically(path, data)
     return len(data)
 
 
