@@ -62,6 +62,7 @@ from preemptible.queue.service.auth import (
     Tokens,
     resolve_tokens,
 )
+from preemptible.queue.service.logs import read_log_slice
 from preemptible.queue.service.metrics import CONTENT_TYPE, ApiMetrics, LatencyMiddleware
 from preemptible.queue.service.views import (
     CostView,
@@ -695,42 +696,6 @@ def healthz() -> Health:
     return Health()
 
 
-def read_log_slice(path: Path, offset: int, limit: int) -> tuple[str, int, int]:
-    """Up to `limit` bytes of `path` from `offset`, cut at a character boundary.
-
-    Returns:
-        The text, the offset to read from next, and the file's size (0 if it does not exist
-        yet: a job that has not started has no output).
-    """
-    try:
-        with path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if offset >= size:
-                return "", offset, size
-            f.seek(offset)
-            data = _whole_characters(f.read(limit))
-    except FileNotFoundError:
-        return "", offset, 0
-    return data.decode("utf-8", errors="replace"), offset + len(data), size
-
-
-def _whole_characters(data: bytes) -> bytes:
-    """`data` without a UTF-8 sequence cut at its end, which the next read will return whole."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
-            continue
-        need = 1
-        if byte >= 0xF0:
-            need = 4
-        elif byte >= 0xE0:
-            need = 3
-        elif byte >= 0xC0:
-            need = 2
-        return data if need <= back else data[:-back]
-    return data
-
-
 __all__ = [
     "MAX_BODY_BYTES",
     "MAX_NOTICE_WAIT_S",
@@ -741,5 +706,4 @@ __all__ = [
     "create_app",
     "error_response",
     "error_responses",
-    "read_log_slice",
 ]

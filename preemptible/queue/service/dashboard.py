@@ -9,11 +9,12 @@ other queues only as counts: its listings are scoped as `/v1/jobs` scopes them
 
 from __future__ import annotations
 
-import os
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from preemptible.queue.service import logs
 from preemptible.queue.service.auth import Principal
 from preemptible.queue.service.views import (
     EventView,
@@ -334,13 +335,7 @@ def _end_attempt(story: _Story, event: EventView) -> None:
     running = story.attempts[-1] if story.attempts else None
     if running is None or running.ended_at is not None:
         return  # cancelled while pending: no attempt to end
-    story.attempts[-1] = AttemptView(
-        number=running.number,
-        started_at=running.started_at,
-        ended_at=event.at,
-        gpu_ids=running.gpu_ids,
-        outcome=event.kind,
-    )
+    story.attempts[-1] = dataclasses.replace(running, ended_at=event.at, outcome=event.kind)
     if "took_s" in event.data:  # the exit after a notice (a requeue, or a cancel)
         # A job found gone at a restart is requeued without a notice event: its requeue says it.
         story.notices.append(_notice(story, story.open_notice or event, event))
@@ -365,18 +360,8 @@ def tail_log(path: Path | None, limit: int = LOG_TAIL_BYTES) -> LogTailView:
     """The last `limit` bytes of a job's output, from the first whole line."""
     if path is None:
         return LogTailView(text="", size=0, truncated=False)
-    try:
-        with path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            offset = max(0, size - limit)
-            f.seek(offset)
-            data = f.read(limit)
-    except FileNotFoundError:
-        return LogTailView(text="", size=0, truncated=False)
-    if offset > 0:
-        newline = data.find(b"\n")
-        data = data[newline + 1 :] if newline >= 0 else data
-    return LogTailView(text=data.decode("utf-8", errors="replace"), size=size, truncated=offset > 0)
+    text, size, truncated = logs.tail(path, limit)
+    return LogTailView(text=text, size=size, truncated=truncated)
 
 
 def _float(value: Any) -> float | None:

@@ -25,8 +25,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from preemptible.queue.service import api
-from preemptible.queue.service.api import QueueManagerProtocol, create_app, read_log_slice
+from preemptible.queue.service.api import QueueManagerProtocol, create_app
 from preemptible.queue.service.auth import resolve_tokens
+from preemptible.queue.service.logs import read_log_slice
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.views import (
     CostView,
