@@ -330,8 +330,9 @@ def _kueue_notes(config: QueueConfig) -> list[str]:
         f"{pre.grace_max_s:g}); the SDK reads it as PREEMPTIBLE_POD_GRACE_SECONDS.",
         f"- Minimum runtime before preemption (max({_dur(pre.min_runtime_s)}, "
         f"{pre.min_runtime_multiple:g} * (save_p95 + restore))), the cooldown "
-        f"({_dur(pre.cooldown_s)}) and the budget of {pre.queue_budget_per_hour} preemptions "
-        "per queue per hour: Kueue may preempt a workload at any time.",
+        f"({_dur(pre.cooldown_s)}), the budget of {pre.queue_budget_per_hour} preemptions "
+        f"per queue per hour, and the wait of {_dur(pre.tier_patience_s)} before a higher "
+        "tier preempts a lower one: Kueue may preempt a workload at any time.",
         "- Victims chosen by least lost work (GPU-seconds since the last checkpoint): Kueue "
         "prefers borrowing queues, then the lowest priority, then the most recently admitted; "
         "it does not read the cost annotations.",
@@ -425,8 +426,9 @@ def slurm_conf(config: QueueConfig) -> str:
         f"- The negotiated grace: GraceTime is the largest grant ({grace}s = grace_max); a job "
         "that saved sooner exits sooner.",
         f"- The per-job minimum runtime (multiple {pre.min_runtime_multiple:g} of save + "
-        "restore): PreemptExemptTime is the flat min_runtime. The cooldown and the "
-        "per-queue preemption budget: none.",
+        "restore): PreemptExemptTime is the flat min_runtime. The cooldown, the "
+        f"per-queue preemption budget and the {_dur(pre.tier_patience_s)} a higher tier waits "
+        "before it preempts: none.",
         "- Nominal quotas and reclaim: SLURM guarantees no share; each queue's account is "
         "capped at nominal + borrowing limit (sacctmgr.sh) and fair share orders the rest. "
         "A cap is hard: nothing is lent beyond it, however idle the GPUs (beyond_limit).",
