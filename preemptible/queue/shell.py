@@ -77,7 +77,7 @@ class Shell:
         """Run a cycle, and again at once (up to `at_most` in all) while the core asks for it.
 
         A job within its nominal quota may be owed capacity that this very cycle gave to a
-        borrower: the next cycle lets it reclaim (the one-grace guarantee).
+        borrower: the next cycle lets it reclaim (the nominal guarantee).
         """
         results = []
         for _ in range(at_most):

@@ -201,7 +201,7 @@ class Simulator:
             last_cycle = now
             cycles += 1
             # A job within its nominal quota may be owed capacity that this very cycle gave to
-            # a borrower: run again at once so that it can reclaim (one-grace guarantee).
+            # a borrower: run again at once so that it can reclaim (the nominal guarantee).
             results = self.shell.cycles(now, self)
             for result in results:
                 frag_sum += result.fragmentation

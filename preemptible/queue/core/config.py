@@ -67,6 +67,12 @@ class PolicySettings:
     limit, the first reclaimed when another queue needs it (policies that have the rule)."""
 
 
+RECLAIM_WITHIN_GRACES = 3.0
+"""`reclaim_within` by default, in units of `grace_max` (30 minutes with the defaults): time for
+capacity to free on its own before a reclaim costs its victims a save and a restore; chosen on
+the workload family (docs/internals/reclaim-within.md)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PreemptionSettings:
     """The `[preemption]` table: negotiation of grace and minimum runtime, anti-thrashing."""
@@ -79,6 +85,11 @@ class PreemptionSettings:
     """Smallest grace period granted."""
     grace_max_s: float = 600.0
     """Largest grace period granted."""
+    reclaim_within_s: float | None = None
+    """A job within its queue's nominal quota starts within this long of its submission (never
+    less than `grace_max`, which its victims may need to save): it waits for capacity to free
+    on its own before reclaiming while that still keeps the promise (policies that have
+    patient reclaim). None: `RECLAIM_WITHIN_GRACES` times `grace_max`."""
     min_runtime_s: float = 300.0
     """No job is preempted before running this long (reclaim of borrowed capacity aside)."""
     min_runtime_multiple: float = 10.0
@@ -93,6 +104,13 @@ class PreemptionSettings:
     rolling hour (checked before each search, which may take several)."""
     enabled: bool = True
     """False turns preemption off (reclaim included)."""
+
+    @property
+    def guarantee_s(self) -> float:
+        """How long a job within nominal quota may wait for borrowers (`reclaim_within`)."""
+        if self.reclaim_within_s is not None:
+            return self.reclaim_within_s
+        return RECLAIM_WITHIN_GRACES * self.grace_max_s
 
     @property
     def nomination_window_s(self) -> float:
@@ -488,6 +506,7 @@ def _preemption(raw: Any) -> PreemptionSettings:
         "min_runtime": "min_runtime_s",
         "cooldown": "cooldown_s",
         "tier_patience": "tier_patience_s",
+        "reclaim_within": "reclaim_within_s",
     }
     numbers = {"grace_safety": "grace_safety", "min_runtime_multiple": "min_runtime_multiple"}
     _only(raw, {*durations, *numbers, "queue_budget_per_hour", "enabled"}, ("preemption",))
@@ -516,6 +535,14 @@ def _preemption(raw: Any) -> PreemptionSettings:
             f"grace_min ({settings.grace_min_s:g}s{default_min}) is larger than grace_max "
             f"({settings.grace_max_s:g}s{default_max}); "
             + ("swap them" if both else "set both so that grace_min <= grace_max"),
+        )
+    within = settings.reclaim_within_s
+    if within is not None and within < settings.grace_max_s:
+        raise _Invalid(
+            ("preemption", "reclaim_within"),
+            f"reclaim_within ({within:g}s) is shorter than grace_max "
+            f"({settings.grace_max_s:g}s): a reclaimed job may take up to grace_max to save; "
+            "set reclaim_within to grace_max or more",
         )
     return settings
 

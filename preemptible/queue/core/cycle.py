@@ -509,7 +509,7 @@ class _Cycle:
             self.policy.loan_backfill and self.reservation is None and job.id in self.st.loans
         )
         # Backing off is for tier preemption only: a job within nominal quota must be able to
-        # reclaim as soon as capacity it is owed is held by borrowers (the one-grace guarantee),
+        # reclaim as soon as capacity it is owed is held by borrowers (the nominal guarantee),
         # and the reserved job must get its loans back as soon as they have run long enough.
         guaranteed = self.policy.reclaim and verdict is QuotaVerdict.WITHIN_NOMINAL
         backed_off = not guaranteed and self.st.preemption_backoff.get(key, -INF) > self.now

@@ -1,14 +1,15 @@
 """Patient reclaim: a job within nominal quota waits for capacity to free before reclaiming.
 
 Every reclaim costs its victims a save and a restore, and on a busy cluster some job ends every
-few minutes. The one-grace guarantee leaves room to wait for that: a job waits while reclaiming
-later would still start it within `grace_max` of its submission, whatever borrower it then takes
-(the longest grace of any job on borrowed capacity, plus `EXIT_SLACK_S` for the victims to exit
-and the cycle to see it). Only a first wait is patient (`submitted_at` is kept across requeues),
-and only a plan of reclaims. While it waits, no other queue starts to borrow with a longer grace
-than that (`ReclaimPatience.blocks_borrower`), so what it counted on holds, and no later work of
-its own queue reclaims ahead of it: that work would take the room within nominal quota it waits
-for, and it would then take that room back by tier preemption, or borrow.
+few minutes. The nominal guarantee leaves room to wait for that: a job waits while reclaiming
+later would still start it within `reclaim_within` of its submission (`guarantee_s`), whatever
+borrower it then takes (the longest grace of any job on borrowed capacity, plus `EXIT_SLACK_S`
+for the victims to exit and the cycle to see it). Only a first wait is patient (`submitted_at`
+is kept across requeues), and only a plan of reclaims. While it waits, no other queue starts to
+borrow with a longer grace than that (`ReclaimPatience.blocks_borrower`), so what it counted on
+holds, and no later work of its own queue reclaims ahead of it: that work would take the room
+within nominal quota it waits for, and it would then take that room back by tier preemption, or
+borrow.
 
 Patient tier preemption: a plan that preempts lower tiers waits the same way, until
 `tier_patience` after the submission (a tier has no guarantee to bound it, so the bound is a
@@ -126,7 +127,7 @@ class ReclaimPatience:
                 default=settings.grace_max_s,
             )
             self.longest_victim_grace = longest
-            self._patience_s = settings.grace_max_s - longest - EXIT_SLACK_S
+            self._patience_s = settings.guarantee_s - longest - EXIT_SLACK_S
         return self._patience_s
 
     def note_admitted(self, job: Job) -> None:

@@ -95,7 +95,7 @@ class Policy:
     block may move a few small checkpoint-aware jobs to other nodes to get one (`defrag.py`)."""
     patient_reclaim: bool = False
     """A job within nominal quota that could start only by reclaiming first waits for capacity
-    to free on its own, for as long as the one-grace guarantee leaves room (patience.py):
+    to free on its own, for as long as the nominal guarantee leaves room (patience.py):
     every reclaim costs a save and a restore, and a job ends somewhere every few minutes."""
     patient_tier_preemption: bool = False
     """A job that could start only by preempting lower tiers first waits up to

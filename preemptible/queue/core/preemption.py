@@ -4,8 +4,8 @@ Three reasons allow a preemption:
 
 1. reclaim: the blocked job would run within its queue's nominal quota, and the victim's queue
    holds more than its nominal quota (runs on borrowed capacity). Tier and minimum runtime do not
-   protect borrowed work; that is the price of borrowing, and it keeps the nominal guarantee to
-   one grace period.
+   protect borrowed work; that is the price of borrowing, and it keeps the nominal guarantee
+   (`reclaim_within`).
 2. tier: the victim's tier is strictly lower, it has run for its negotiated minimum runtime, was
    not preempted within the cooldown, and its queue has budget left this hour. Victims come from
    the blocked job's own queue, or (ours) from other queues' borrowed capacity, never from another

@@ -78,9 +78,14 @@ def config(
     cluster: dict = {"gpus": gpus}
     if nodes:
         cluster.update(nodes=nodes, gpus_per_node=gpus // nodes)
-    # Tier preemption at once unless a test is about patience: the other tests are about which
-    # victims a preemption takes, not about when.
-    preemption = {"tier_patience": "0s", **(preemption or {})}
+    # Tier preemption at once, and reclaim within one grace, unless a test is about patience:
+    # the other tests are about which victims a preemption takes, not about when.
+    given = preemption or {}
+    preemption = {
+        "tier_patience": "0s",
+        "reclaim_within": given.get("grace_max", "10m"),
+        **given,
+    }
     data: dict = {"cluster": cluster, "policy": policy or {}, "preemption": preemption}
     data["queues"] = []
     for name, (weight, nominal, borrow) in queues.items():

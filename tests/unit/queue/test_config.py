@@ -24,6 +24,7 @@ min_runtime = "10m"
 min_runtime_multiple = 4
 cooldown = "15m"
 tier_patience = "5m"
+reclaim_within = "20m"
 queue_budget_per_hour = 3
 [[queues]]
 name = "team-a"
@@ -72,6 +73,7 @@ def test_full_config_parses_every_key():
     assert (p.grace_safety, p.grace_margin_s, p.grace_min_s, p.grace_max_s) == (2.0, 5, 20, 300)
     assert (p.min_runtime_s, p.min_runtime_multiple, p.cooldown_s) == (600, 4, 900)
     assert p.tier_patience_s == 300
+    assert p.reclaim_within_s == p.guarantee_s == 1200
     assert p.queue_budget_per_hour == 3
     a = cfg.queue("team-a")
     assert a.weight == 2.0 and a.nominal.gpus == 8 and a.borrowing_limit.gpus == 4
@@ -105,6 +107,10 @@ def test_auto_gpus_is_left_to_the_shell():
         ("[cluster]\ngpus = 8\n[[queues]]\nname='a'\n[[queues]]\nname='a'\n", "used twice"),
         ("[cluster]\ngpus = 8\n[[queues]]\nname='a'\nweight=0\n", "greater than 0"),
         ("[cluster]\ngpus = 8\n[preemption]\ngrace_min='5m'\ngrace_max='1m'\n", "swap them"),
+        (
+            "[cluster]\ngpus = 8\n[preemption]\nreclaim_within='5m'\n",
+            "reclaim_within \\(300s\\) is shorter than grace_max \\(600s\\)",
+        ),
         ("[cluster]\ngpus = 8\n[[queues]]\nname='a'\nnominal={gpu=2}\n", "unknown key 'gpu'"),
         ("[cluster\ngpus = 8\n", "not valid TOML"),
         ("[cluster]\ngpus = 8\n[policy]\ndefragment = 'yes'\n", "policy.defragment: expected true"),
@@ -121,6 +127,7 @@ def test_auto_gpus_is_left_to_the_shell():
         "duplicate",
         "zero-weight",
         "grace-swapped",
+        "reclaim-within-below-grace",
         "resource-typo",
         "toml-syntax",
         "defragment-not-bool",
@@ -130,6 +137,15 @@ def test_auto_gpus_is_left_to_the_shell():
 def test_invalid_configs_name_the_problem(text, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
         parse_config_text(text)
+
+
+@pytest.mark.parametrize(
+    "preemption, guarantee",
+    [("", 1800), ("grace_max = '45m'", 8100), ("reclaim_within = '10m'", 600)],
+)
+def test_the_nominal_guarantee_is_three_graces_unless_set(preemption, guarantee):
+    cfg = parse_config_text(f"[cluster]\ngpus = 8\n[preemption]\n{preemption}\n")
+    assert cfg.preemption.guarantee_s == guarantee
 
 
 def test_unknown_queue_lookup_lists_known_queues():

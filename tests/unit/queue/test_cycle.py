@@ -550,12 +550,20 @@ def test_reclaim_takes_back_borrowed_capacity_regardless_of_tier_and_runtime():
 
 
 # Borrowers' saves of 10 s and 200 s: graces of 30 s and 310 s, so a job submitted at 0 may
-# wait until 600 - 30 - 60 = 510 s, or 600 - 310 - 60 = 230 s, before it reclaims.
-@pytest.mark.parametrize("save, until", [(10.0, 510.0), (200.0, 230.0)])
+# wait until 600 - 30 - 60 = 510 s, or 600 - 310 - 60 = 230 s, before it reclaims when it is
+# owed its quota within 600 s; within 1800 s, 1200 s longer.
+@pytest.mark.parametrize(
+    "save, within, until",
+    [(10.0, "10m", 510.0), (200.0, "10m", 230.0), (10.0, "30m", 1710.0), (200.0, "30m", 1430.0)],
+)
 def test_a_job_within_nominal_waits_for_capacity_before_reclaiming_while_the_guarantee_allows(
-    save, until
+    save, within, until
 ):
-    cfg = config(gpus=4, queues={"a": (1.0, 2, INF), "b": (1.0, 2, INF)})
+    cfg = config(
+        gpus=4,
+        queues={"a": (1.0, 2, INF), "b": (1.0, 2, INF)},
+        preemption={"reclaim_within": within},
+    )
     borrowers = [running(job(f"a{i}", queue="a", save=save), started=0.0) for i in range(4)]
     pending = [job("b1", queue="b", at=0.0)]
 
@@ -594,7 +602,7 @@ def test_a_higher_tier_waits_for_capacity_before_preempting_a_lower_one(patience
 
 def test_a_guaranteed_job_taking_a_lower_tier_borrower_does_not_wait_for_tier_patience():
     # b's high-tier job is within b's nominal quota and a's low-tier jobs run on what a
-    # borrows: that is b's to reclaim, and the one-grace guarantee, not tier_patience, bounds it.
+    # borrows: that is b's to reclaim, and `reclaim_within`, not `tier_patience`, bounds it.
     cfg = config(
         gpus=4,
         queues={"a": (1.0, 2, INF), "b": (1.0, 2, INF)},

@@ -63,7 +63,7 @@ def test_reclaim_takes_only_what_the_other_queue_borrows_on_nodes():
 
 def test_reclaim_may_take_a_job_that_straddles_the_quota_when_nothing_smaller_frees_enough():
     # b borrows 1 GPU with a single 5-GPU job: jobs are indivisible, and a's job within its
-    # nominal quota is owed that GPU (the one-grace guarantee), so the whole job goes.
+    # nominal quota is owed that GPU (the nominal guarantee), so the whole job goes.
     cfg = config(gpus=8, queues=TWO_QUEUES)
     busy = [running(job("b-five", queue="b", gpus=5)), running(job("a-run", queue="a", gpus=3))]
     snap = snapshot(cfg, pending=[job("a-new", queue="a")], running_jobs=busy)

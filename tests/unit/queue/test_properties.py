@@ -185,14 +185,19 @@ def _run(jobs, cfg, policy="preemptible", **opts):
     seed=st.integers(0, 10_000),
     flood=st.integers(20, 60),
     tiers=st.lists(st.sampled_from(TIERS), min_size=1, max_size=3),
+    within=st.sampled_from(["10m", "30m", "1h"]),
 )
-def test_a_job_within_nominal_waits_at_most_one_grace_for_borrowers(seed, flood, tiers):
+def test_a_job_within_nominal_waits_at_most_reclaim_within_for_borrowers(
+    seed, flood, tiers, within
+):
     import random
 
     rng = random.Random(seed)
     # The default tier patience: a guaranteed job's wait must not depend on it.
     cfg = config(
-        gpus=8, queues={"a": (1.0, 2, INF), "b": (1.0, 6, INF)}, preemption={"tier_patience": "10m"}
+        gpus=8,
+        queues={"a": (1.0, 2, INF), "b": (1.0, 6, INF)},
+        preemption={"tier_patience": "10m", "reclaim_within": within},
     )
     jobs = [
         TraceJob(
@@ -220,12 +225,12 @@ def test_a_job_within_nominal_waits_at_most_one_grace_for_borrowers(seed, flood,
                 checkpoint_s=30.0,
             )
         )
-        t += d + 2 * cfg.preemption.grace_max_s + rng.uniform(0, 2000)
+        t += d + 2 * cfg.preemption.guarantee_s + rng.uniform(0, 2000)
     jobs.sort(key=lambda j: j.submit_s)
     result = _run(jobs, cfg)
     for rec in result.records:
         if rec.trace.queue == "b":
-            assert rec.wait_s <= cfg.preemption.grace_max_s + 1e-6, rec.trace.job_id
+            assert rec.wait_s <= cfg.preemption.guarantee_s + 1e-6, rec.trace.job_id
 
 
 @SLOW
