@@ -371,6 +371,62 @@ def print_issue(d: dict[str, Any]) -> None:
     )
 
 
+def ceiling(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """What choosing, per draw and with hindsight, the best of several known policies would
+    meet: each run's ours (one variant per ``--json`` file, named by it) and the four baselines
+    of the first run, each judged as ours is, against the same four baselines.
+
+    A draw counts for a goal when some candidate meets it there, and for all four when one
+    candidate meets all four. Not a bound on what any policy could do: a yardstick for the
+    target, from schedules that exist.
+    """
+    first = next(iter(runs.values()))
+    by_name = [{d["name"]: d for d in draws} for draws in runs.values()]
+    met = dict.fromkeys((*GOALS, "all"), 0)
+    per_draw: dict[str, list[str]] = {}
+    for d in first:
+        base = {p: d["policies"][p] for p in BASELINES}
+        candidates = dict(base)
+        for label, draws in zip(runs, by_name, strict=True):
+            if d["name"] not in draws:
+                raise ValueError(f"{label} lacks draw {d['name']}")
+            candidates[label] = draws[d["name"]]["policies"][OURS]
+        judged = {c: judge({**base, OURS: m}) for c, m in candidates.items()}
+        for goal in (*GOALS, "all"):
+            met[goal] += any(g[goal]["met"] for g in judged.values())
+        per_draw[d["name"]] = [c for c, g in judged.items() if g["all"]["met"]]
+    return {
+        "candidates": [*BASELINES, *runs],
+        "draws": len(first),
+        "met": met,
+        "per_draw": per_draw,
+    }
+
+
+def print_ceiling(result: dict[str, Any]) -> None:
+    names = ", ".join(result["candidates"])
+    print(
+        f"the best of {len(result['candidates'])} policies per draw, chosen with hindsight ({names}):"
+    )
+    for goal in (*GOALS, "all"):
+        title = GOAL_TITLES.get(goal, "all four, by one policy")
+        print(f"  {title:<66} {result['met'][goal]:>3} of {result['draws']}")
+    for name, winners in result["per_draw"].items():
+        print(f"  draw {name:>3}: {', '.join(winners) if winners else '-'}")
+
+
+def _ceiling_runs(
+    parser: argparse.ArgumentParser, paths: list[Path]
+) -> dict[str, list[dict[str, Any]]]:
+    runs = {}
+    for path in paths:
+        try:
+            runs[path.stem] = json.loads(path.read_text())["draws"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            parser.error(f"--ceiling {path}: not the --json output of this script ({e!r})")
+    return runs
+
+
 def _switches(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, bool]:
     """``--switch loan_backfill=false`` pairs, checked against ours' boolean rules."""
     names = {f.name for f in dataclasses.fields(Policy) if f.type in (bool, "bool")}
@@ -448,7 +504,22 @@ def main() -> None:
         help="take the baselines' numbers from an earlier --json run of the same draws and "
         "replay ours only (with --switch: a rule's effect in a fifth of the time)",
     )
+    parser.add_argument(
+        "--ceiling",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="replay nothing: from --json runs of the same draws (ours, or ours with a switch), "
+        "count the draws on which the best of those and the baselines, chosen per draw, meets "
+        "each goal",
+    )
     args = parser.parse_args()
+    if args.ceiling:
+        try:
+            print_ceiling(ceiling(_ceiling_runs(parser, args.ceiling)))
+        except ValueError as e:
+            parser.error(f"--ceiling: {e}")
+        return
     switches = _switches(parser, args.switch)
     if args.draws < 1 or args.workers < 1 or args.seed_base < 0:
         parser.error("--draws and --workers must be 1 or more, --seed-base 0 or more")

@@ -297,6 +297,32 @@ def test_counts_and_worst_draws(family):
     assert [d["seed"] for d in family.worst(draws, "p95_wait")] == [1, 3, 2]  # ties by seed
 
 
+def test_the_ceiling_counts_a_draw_when_one_candidate_meets_all_four(family):
+    # Draw 1: the issue's numbers with fifo's p95 doubled: only a variant meets all four.
+    # Draw 2: no variant meets the goodput goal, and fifo, judged as ours is, meets all four.
+    slow_fifo = dict(ISSUE_NUMBERS, fifo=numbers(0.913, 61.8, 39.1, 0))
+    better = dict(slow_fifo, preemptible=numbers(0.92, 20, 100, 10))
+    fifo_wins = {
+        "fifo": numbers(0.95, 10, 20, 0),
+        "priority": numbers(0.90, 50, 30, 0),
+        "kueue": numbers(0.90, 40, 40, 100),
+        "slurm": numbers(0.91, 30, 50, 0),
+        "preemptible": numbers(0.80, 40, 25, 10),
+    }
+    run = [family.draw_report(str(s), small(s), m) for s, m in ((1, slow_fifo), (2, fifo_wins))]
+    variant = [
+        family.draw_report("1", small(1), better),
+        family.draw_report("2", small(2), fifo_wins),
+    ]
+    result = family.ceiling({"ours": run, "variant": variant})
+    assert result["candidates"] == ["fifo", "priority", "kueue", "slurm", "ours", "variant"]
+    assert result["per_draw"] == {"1": ["variant"], "2": ["fifo"]}
+    assert result["met"]["all"] == 2 and result["met"]["least_served"] == 2
+    assert family.ceiling({"ours": run})["per_draw"] == {"1": [], "2": ["fifo"]}
+    with pytest.raises(ValueError, match="lacks draw 2"):
+        family.ceiling({"ours": run, "variant": variant[:1]})
+
+
 # --- a real replay ---------------------------------------------------------------------------
 
 
@@ -363,7 +389,17 @@ def test_a_rule_switched_off_replays_ours_only_against_saved_baselines(tmp_path)
         assert all(
             after[seed][p] == before[seed][p] for p in ("fifo", "priority", "kueue", "slurm")
         )
-    for bad in (["--switch", "loans=false"], ["--baselines", str(tmp_path / "none.json")]):
+    ceiling = subprocess.run(
+        [sys.executable, str(BENCHMARK), "--ceiling", str(out), str(tmp_path / "v.json")],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert ceiling.returncode == 0, ceiling.stderr
+    assert "the best of 6 policies per draw" in ceiling.stdout and "draw   4:" in ceiling.stdout
+    for bad in (
+        ["--switch", "loans=false"],
+        ["--baselines", str(tmp_path / "none.json")],
+        ["--ceiling", str(tmp_path / "none.json")],
+    ):
         done = subprocess.run([*cmd, *bad], capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert done.returncode == 2 and "error:" in done.stderr, done.stderr
 
