@@ -59,6 +59,7 @@ gpus = 4
 [preemption]
 grace_min = "{grace_s}s"
 grace_max = "{grace_s}s"
+reclaim_within = "{grace_s}s"
 min_runtime = "0s"
 cooldown = "0s"
 [service]

@@ -418,8 +418,13 @@ def print_ceiling(result: dict[str, Any]) -> None:
 def _ceiling_runs(
     parser: argparse.ArgumentParser, paths: list[Path]
 ) -> dict[str, list[dict[str, Any]]]:
+    """Each file's draws, named by the file (a candidate's name in the report)."""
     runs = {}
     for path in paths:
+        if path.stem in runs or path.stem in BASELINES:
+            parser.error(
+                f"--ceiling {path}: name each file apart from the others and the baselines"
+            )
         try:
             runs[path.stem] = json.loads(path.read_text())["draws"]
         except (OSError, ValueError, KeyError, TypeError) as e:
@@ -517,8 +522,8 @@ def main() -> None:
     if args.ceiling:
         try:
             print_ceiling(ceiling(_ceiling_runs(parser, args.ceiling)))
-        except ValueError as e:
-            parser.error(f"--ceiling: {e}")
+        except (ValueError, KeyError, TypeError) as e:
+            parser.error(f"--ceiling: not the --json output of this script ({e!r})")
         return
     switches = _switches(parser, args.switch)
     if args.draws < 1 or args.workers < 1 or args.seed_base < 0:

@@ -332,9 +332,13 @@ def _kueue_notes(config: QueueConfig) -> list[str]:
         f"{pre.min_runtime_multiple:g} * (save_p95 + restore))), the cooldown "
         f"({_dur(pre.cooldown_s)}), the budget of {pre.queue_budget_per_hour} preemptions "
         f"per queue per hour, the wait of {_dur(pre.tier_patience_s)} before a higher tier "
-        "preempts a lower one, and the wait for capacity to free before a reclaim (work "
-        f"within nominal quota starts within {_dur(pre.guarantee_s)}): Kueue may preempt a "
-        "workload at any time, and reclaims at once.",
+        "preempts a lower one, and the wait for capacity to free before a reclaim"
+        + (
+            f" (work within nominal quota starts within {_dur(pre.guarantee_s)})"
+            if pre.enabled
+            else ""
+        )
+        + ": Kueue may preempt a workload at any time, and reclaims at once.",
         "- Victims chosen by least lost work (GPU-seconds since the last checkpoint): Kueue "
         "prefers borrowing queues, then the lowest priority, then the most recently admitted; "
         "it does not read the cost annotations.",

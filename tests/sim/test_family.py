@@ -399,6 +399,7 @@ def test_a_rule_switched_off_replays_ours_only_against_saved_baselines(tmp_path)
         ["--switch", "loans=false"],
         ["--baselines", str(tmp_path / "none.json")],
         ["--ceiling", str(tmp_path / "none.json")],
+        ["--ceiling", str(out), str(out)],
     ):
         done = subprocess.run([*cmd, *bad], capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert done.returncode == 2 and "error:" in done.stderr, done.stderr

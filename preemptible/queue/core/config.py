@@ -89,7 +89,7 @@ class PreemptionSettings:
     """A job within its queue's nominal quota starts within this long of its submission (never
     less than `grace_max`, which its victims may need to save): it waits for capacity to free
     on its own before reclaiming while that still keeps the promise (policies that have
-    patient reclaim). None: `RECLAIM_WITHIN_GRACES` times `grace_max`."""
+    patient reclaim). None: `RECLAIM_WITHIN_GRACES` times `grace_max` (`guarantee_s`)."""
     min_runtime_s: float = 300.0
     """No job is preempted before running this long (reclaim of borrowed capacity aside)."""
     min_runtime_multiple: float = 10.0
@@ -107,7 +107,10 @@ class PreemptionSettings:
 
     @property
     def guarantee_s(self) -> float:
-        """How long a job within nominal quota may wait for borrowers (`reclaim_within`)."""
+        """How long a job within nominal quota may wait for borrowers: `reclaim_within` as
+        set, or its default, which follows `grace_max` (a longer grace needs a longer promise).
+        A victim whose grace is the longest may need `EXIT_SLACK_S` (patience.py) more to exit
+        and be seen gone."""
         if self.reclaim_within_s is not None:
             return self.reclaim_within_s
         return RECLAIM_WITHIN_GRACES * self.grace_max_s
@@ -541,8 +544,9 @@ def _preemption(raw: Any) -> PreemptionSettings:
         raise _Invalid(
             ("preemption", "reclaim_within"),
             f"reclaim_within ({within:g}s) is shorter than grace_max "
-            f"({settings.grace_max_s:g}s): a reclaimed job may take up to grace_max to save; "
-            "set reclaim_within to grace_max or more",
+            f"({settings.grace_max_s:g}s{'' if 'grace_max' in raw else ', the default'}): a "
+            "reclaimed job may take up to grace_max to save; set reclaim_within to grace_max "
+            "or more",
         )
     return settings
 

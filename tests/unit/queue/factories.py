@@ -13,6 +13,7 @@ from preemptible.queue.core import (
     build_snapshot,
     parse_config,
 )
+from preemptible.queue.core.config import PreemptionSettings
 from preemptible.queue.core.model import NO_LIMIT, Limits
 
 
@@ -83,7 +84,7 @@ def config(
     given = preemption or {}
     preemption = {
         "tier_patience": "0s",
-        "reclaim_within": given.get("grace_max", "10m"),
+        "reclaim_within": given.get("grace_max", PreemptionSettings().grace_max_s),
         **given,
     }
     data: dict = {"cluster": cluster, "policy": policy or {}, "preemption": preemption}

@@ -109,7 +109,7 @@ def test_auto_gpus_is_left_to_the_shell():
         ("[cluster]\ngpus = 8\n[preemption]\ngrace_min='5m'\ngrace_max='1m'\n", "swap them"),
         (
             "[cluster]\ngpus = 8\n[preemption]\nreclaim_within='5m'\n",
-            "reclaim_within \\(300s\\) is shorter than grace_max \\(600s\\)",
+            "reclaim_within \\(300s\\) is shorter than grace_max \\(600s, the default\\)",
         ),
         ("[cluster]\ngpus = 8\n[[queues]]\nname='a'\nnominal={gpu=2}\n", "unknown key 'gpu'"),
         ("[cluster\ngpus = 8\n", "not valid TOML"),

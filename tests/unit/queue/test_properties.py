@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -180,12 +181,12 @@ def _run(jobs, cfg, policy="preemptible", **opts):
     return Simulator(jobs, cfg, POLICIES[policy], options).run()
 
 
+@pytest.mark.parametrize("within", ["10m", "30m", "1h"])
 @SLOW
 @given(
     seed=st.integers(0, 10_000),
     flood=st.integers(20, 60),
     tiers=st.lists(st.sampled_from(TIERS), min_size=1, max_size=3),
-    within=st.sampled_from(["10m", "30m", "1h"]),
 )
 def test_a_job_within_nominal_waits_at_most_reclaim_within_for_borrowers(
     seed, flood, tiers, within
