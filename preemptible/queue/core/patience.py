@@ -77,7 +77,7 @@ class ReclaimPatience:
         kinds = {v.kind for v in plan.victims}
         if kinds <= _TIER_PLAN and self._tier_only(job, plan):
             return self._waits_for_tier(job, plan)
-        if not self.policy.patient_reclaim or kinds != {"reclaim"}:
+        if not self.policy.patient_reclaim or not self._reclaims_only(job, plan):
             return None
         until = job.submitted_at + self.patience_s()
         if self.now >= until:
@@ -91,16 +91,27 @@ class ReclaimPatience:
         queue, or any when the job would not be within its nominal quota. Other queues' borrowed
         work is the guaranteed job's to reclaim (whatever the victim is called), and that wait
         is bounded by the guarantee, not by `tier_patience`."""
+        guaranteed = self._guaranteed(job)
+        return any(
+            v.kind == "tier" and (not guaranteed or v.running.job.queue == job.queue)
+            for v in plan.victims
+        )
+
+    def _reclaims_only(self, job: Job, plan: VictimPlan) -> bool:
+        """Whether every victim is other queues' borrowed work that the job, within its nominal
+        quota, is owed: reclaims, and lower-tier borrowers a tier preemption would also take."""
+        return all(
+            v.kind == "reclaim" or (v.kind == "tier" and v.running.job.queue != job.queue)
+            for v in plan.victims
+        ) and self._guaranteed(job)
+
+    def _guaranteed(self, job: Job) -> bool:
         policy = self.policy
-        guaranteed = (
+        return (
             policy.reclaim
             and policy.quotas
             and check_quota(self.st.queues[job.queue], self.alloc[job.queue], job.request)
             is QuotaVerdict.WITHIN_NOMINAL
-        )
-        return any(
-            v.kind == "tier" and (not guaranteed or v.running.job.queue == job.queue)
-            for v in plan.victims
         )
 
     def _waits_for_tier(self, job: Job, plan: VictimPlan) -> str | None:

@@ -600,18 +600,26 @@ def test_a_higher_tier_waits_for_capacity_before_preempting_a_lower_one(patience
     assert preempted(cycle(1000.0, POLICIES["kueue"])) == ["low"]  # the baseline at once
 
 
-def test_a_guaranteed_job_taking_a_lower_tier_borrower_does_not_wait_for_tier_patience():
+def test_a_guaranteed_job_taking_a_lower_tier_borrower_waits_as_a_reclaim_does():
     # b's high-tier job is within b's nominal quota and a's low-tier jobs run on what a
-    # borrows: that is b's to reclaim, and `reclaim_within`, not `tier_patience`, bounds it.
+    # borrows: that is b's to reclaim, whatever the victims' tier, so it waits as a reclaim
+    # does, until 1800 - 30 (their grace) - 60 s after its submission, not `tier_patience`.
     cfg = config(
         gpus=4,
         queues={"a": (1.0, 2, INF), "b": (1.0, 2, INF)},
-        preemption={"tier_patience": "10m"},
+        preemption={"tier_patience": "10m", "reclaim_within": "30m"},
     )
     a_low = [running(job(f"a{i}", tier="low", gpus=2), started=0.0) for i in range(2)]
     pending = [job("b-high", queue="b", tier="high", gpus=2, at=1000.0)]
-    r = schedule(snapshot(cfg, pending=pending, running_jobs=a_low), 1000.0, OURS, cfg)
-    assert len(r.preempt) == 1 and r.preempt[0].for_job == "b-high"
+
+    def cycle(now):
+        return schedule(snapshot(cfg, pending=pending, running_jobs=a_low), now, OURS, cfg)
+
+    early = cycle(2709.0)
+    assert early.preempt == () and early.wake_at == 2710.0
+    assert "before reclaiming" in early.reason_for("b-high")
+    due = cycle(2710.0)
+    assert len(due.preempt) == 1 and due.preempt[0].for_job == "b-high"
     # Its own queue's lower tier is another matter: that it waits for.
     own = [running(job(f"b{i}", queue="b", tier="low", gpus=2), started=0.0) for i in range(2)]
     r = schedule(snapshot(cfg, pending=pending, running_jobs=own), 1000.0, OURS, cfg)
