@@ -5,11 +5,11 @@ few minutes. The nominal guarantee leaves room to wait for that: a job waits whi
 later would still start it within `reclaim_within` of its submission (`guarantee_s`), whatever
 borrower it then takes (the longest grace of any job on borrowed capacity, plus `EXIT_SLACK_S`
 for the victims to exit and the cycle to see it). Only a first wait is patient (`submitted_at`
-is kept across requeues), and only a plan of reclaims. While it waits, no other queue starts to
-borrow with a longer grace than that (`ReclaimPatience.blocks_borrower`), so what it counted on
-holds, and no later work of its own queue reclaims ahead of it: that work would take the room
-within nominal quota it waits for, and it would then take that room back by tier preemption, or
-borrow.
+is kept across requeues), and only a plan that takes other queues' borrowed work, whatever its
+tier (`_reclaims_only`). While it waits, no other queue starts to borrow with a longer grace
+than that (`ReclaimPatience.blocks_borrower`), so what it counted on holds, and no later work of
+its own queue reclaims ahead of it: that work would take the room within nominal quota it waits
+for, and it would then take that room back by tier preemption, or borrow.
 
 Patient tier preemption: a plan that preempts lower tiers waits the same way, until
 `tier_patience` after the submission (a tier has no guarantee to bound it, so the bound is a
