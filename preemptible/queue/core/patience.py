@@ -5,11 +5,11 @@ few minutes. The nominal guarantee leaves room to wait for that: a job waits whi
 later would still start it within `reclaim_within` of its submission (`guarantee_s`), whatever
 borrower it then takes (the longest grace of any job on borrowed capacity, plus `EXIT_SLACK_S`
 for the victims to exit and the cycle to see it). Only a first wait is patient (`submitted_at`
-is kept across requeues), and only a plan that takes other queues' borrowed work, whatever its
-tier (`_reclaims_only`). While it waits, no other queue starts to borrow with a longer grace
-than that (`ReclaimPatience.blocks_borrower`), so what it counted on holds, and no later work of
-its own queue reclaims ahead of it: that work would take the room within nominal quota it waits
-for, and it would then take that room back by tier preemption, or borrow.
+is kept across requeues), and only a plan of reclaims (other queues' borrowed work, whatever
+its tier: `preemption.py` labels it so). While it waits, no other queue starts to borrow with a
+longer grace than that (`ReclaimPatience.blocks_borrower`), so what it counted on holds, and no
+later work of its own queue reclaims ahead of it: that work would take the room within nominal
+quota it waits for, and it would then take that room back by tier preemption, or borrow.
 
 Patient tier preemption: a plan that preempts lower tiers waits the same way, until
 `tier_patience` after the submission (a tier has no guarantee to bound it, so the bound is a
@@ -26,7 +26,7 @@ from preemptible.queue.core.config import PreemptionSettings
 from preemptible.queue.core.model import Job
 from preemptible.queue.core.policy import Policy
 from preemptible.queue.core.preemption import VictimPlan, victim_grace_s
-from preemptible.queue.core.quota import QuotaVerdict, check_quota, is_borrowing
+from preemptible.queue.core.quota import QuotaVerdict, is_borrowing
 from preemptible.queue.core.resources import Amounts
 from preemptible.queue.core.state import ClusterState
 
@@ -75,9 +75,9 @@ class ReclaimPatience:
         if waiter is not None and any(v.kind == "reclaim" for v in plan.victims):
             return reasons.reclaimer_waits(waiter, job.queue)
         kinds = {v.kind for v in plan.victims}
-        if kinds <= _TIER_PLAN and self._tier_only(job, plan):
+        if kinds <= _TIER_PLAN and "tier" in kinds:
             return self._waits_for_tier(job, plan)
-        if not self.policy.patient_reclaim or not self._reclaims_only(job, plan):
+        if not self.policy.patient_reclaim or kinds != {"reclaim"}:
             return None
         until = job.submitted_at + self.patience_s()
         if self.now >= until:
@@ -85,34 +85,6 @@ class ReclaimPatience:
         self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
         self.waiters[job.queue] = job.id
         return reasons.waits_to_reclaim(until - self.now, (v.running.job.id for v in plan.victims))
-
-    def _tier_only(self, job: Job, plan: VictimPlan) -> bool:
-        """Whether some victim may go only because its tier is lower: one of the job's own
-        queue, or any when the job would not be within its nominal quota. Other queues' borrowed
-        work is the guaranteed job's to reclaim (whatever the victim is called), and that wait
-        is bounded by the guarantee, not by `tier_patience`."""
-        guaranteed = self._guaranteed(job)
-        return any(
-            v.kind == "tier" and (not guaranteed or v.running.job.queue == job.queue)
-            for v in plan.victims
-        )
-
-    def _reclaims_only(self, job: Job, plan: VictimPlan) -> bool:
-        """Whether every victim is other queues' borrowed work that the job, within its nominal
-        quota, is owed: reclaims, and lower-tier borrowers a tier preemption would also take."""
-        return all(
-            v.kind == "reclaim" or (v.kind == "tier" and v.running.job.queue != job.queue)
-            for v in plan.victims
-        ) and self._guaranteed(job)
-
-    def _guaranteed(self, job: Job) -> bool:
-        policy = self.policy
-        return (
-            policy.reclaim
-            and policy.quotas
-            and check_quota(self.st.queues[job.queue], self.alloc[job.queue], job.request)
-            is QuotaVerdict.WITHIN_NOMINAL
-        )
 
     def _waits_for_tier(self, job: Job, plan: VictimPlan) -> str | None:
         """A plan with lower-tier victims waits until `tier_patience` after the submission."""

@@ -290,13 +290,15 @@ class VictimSearch:
                     tier_ok = not in_cooldown(vjob, now, settings)
                 if not (taken_back or tier_ok or loan_ok):
                     continue
+                # Another queue's borrowed work is the job's to reclaim whatever its tier: the
+                # guarantee, not the tier rules, says when it goes (`patience.py`).
                 kind: VictimKind = (
-                    "tier"
+                    "reclaim"
+                    if reclaim_q and not loan_ok
+                    else "tier"
                     if tier_ok
                     else "loan"
                     if loan_ok
-                    else "reclaim"
-                    if reclaim_q
                     else "beyond_limit"
                 )
                 price = self._price(rj)

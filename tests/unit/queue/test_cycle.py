@@ -620,6 +620,7 @@ def test_a_guaranteed_job_taking_a_lower_tier_borrower_waits_as_a_reclaim_does()
     assert "before reclaiming" in early.reason_for("b-high")
     due = cycle(2710.0)
     assert len(due.preempt) == 1 and due.preempt[0].for_job == "b-high"
+    assert due.preempt[0].reclaim and "b reclaims capacity a borrowed" in due.preempt[0].reason
     # Its own queue's lower tier is another matter: that it waits for.
     own = [running(job(f"b{i}", queue="b", tier="low", gpus=2), started=0.0) for i in range(2)]
     r = schedule(snapshot(cfg, pending=pending, running_jobs=own), 1000.0, OURS, cfg)
