@@ -79,22 +79,28 @@ class ReclaimPatience:
             return self._waits_for_tier(job, plan)
         if not self.policy.patient_reclaim or kinds != {"reclaim"}:
             return None
-        until = job.submitted_at + self.patience_s()
-        if self.now >= until:
+        left = self._wait_until(job.submitted_at + self.patience_s())
+        if left is None:
             return None
-        self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
         self.waiters[job.queue] = job.id
-        return reasons.waits_to_reclaim(until - self.now, (v.running.job.id for v in plan.victims))
+        return reasons.waits_to_reclaim(left, (v.running.job.id for v in plan.victims))
 
     def _waits_for_tier(self, job: Job, plan: VictimPlan) -> str | None:
         """A plan with lower-tier victims waits until `tier_patience` after the submission."""
         if not self.policy.patient_tier_preemption:
             return None
-        until = job.submitted_at + self.settings.tier_patience_s
+        left = self._wait_until(job.submitted_at + self.settings.tier_patience_s)
+        if left is None:
+            return None
+        return reasons.waits_to_preempt(left, (v.running.job.id for v in plan.victims))
+
+    def _wait_until(self, until: float) -> float | None:
+        """Seconds left until `until` (the cycle is asked to run again then), or None when it
+        has passed."""
         if self.now >= until:
             return None
         self.wake_at = until if self.wake_at is None else min(self.wake_at, until)
-        return reasons.waits_to_preempt(until - self.now, (v.running.job.id for v in plan.victims))
+        return until - self.now
 
     def patience_s(self) -> float:
         """How long after its submission a job within nominal quota may wait before reclaiming."""
