@@ -78,6 +78,7 @@ def main() -> None:
             f"done: {acc.global_step} steps, loss {last}, "
             f"save {cost.save.mean:.3f} s mean over {cost.save.count}"
         )
+    accelerator.end_training()  # gloo may abort a process that exits with its group alive
 
 
 if __name__ == "__main__":

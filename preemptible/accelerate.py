@@ -51,6 +51,7 @@ from preemptible import (
     RNGState,
 )
 from preemptible.checkpoint.stats import CostTracker
+from preemptible.elastic import forget_groups
 
 try:
     from accelerate.data_loader import get_sampler  # type: ignore[import-untyped]
@@ -246,10 +247,30 @@ class PreemptibleAccelerator:
             self._loop.global_step += 1
             yield batch
             if self.accelerator.sync_gradients:
-                self.context.step_done(self._loop.global_step)
+                self._step_done()
         if skipping is not None:  # the loader Accelerate built counted the epoch, not ours
             self.accelerator._dataloaders[index].iteration = skipping.iteration
         self._loop.end_pass()
+
+    def _step_done(self) -> None:
+        try:
+            self.context.step_done(self._loop.global_step)
+        except SystemExit:  # the notice's exit, after the save
+            self._end_process_group()
+            raise
+
+    def _end_process_group(self) -> None:
+        """Destroy the process group before the notice's exit, as ``end_training`` would.
+
+        A process that exits with its gloo group alive may abort in the interpreter's teardown
+        (SIGABRT, exit -6 instead of the notice's 143), and a notice skips the end of the
+        script where ``end_training`` usually is. Idempotent: a later ``end_training`` is fine.
+        """
+        try:
+            self.accelerator.state.destroy_process_group()
+        except Exception as e:  # the exit code matters more than a clean teardown
+            log.warning("could not destroy the process group before exiting: %r", e)
+        forget_groups()
 
     def _pass_source(self, dataloader: Any) -> tuple[Iterator[Any], Any]:
         """The batches of this pass, and the skipping loader if it resumes a pass."""

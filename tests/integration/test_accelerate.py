@@ -176,6 +176,7 @@ def test_two_processes_agree_on_the_step_save_together_and_resume_bitwise(tmp_pa
     assert code == 1, out  # torchrun's SignalException: the launcher does not exit 143
     assert not wait_gone(trainers, TIMEOUT)
     assert [_read(workdir, f"exit-rank{r}") for r in (0, 1)] == ["143", "143"], out
+    assert [_read(workdir, f"group-rank{r}") for r in (0, 1)] == ["ended", "ended"], out
     stopped = _progress(workdir, 0)
     assert _progress(workdir, 1) == stopped and half < stopped < 2 * half, "one step for both"
     assert out.count(f"preempted: checkpointed step {stopped}") == 2, out

@@ -9,7 +9,9 @@ writes its pid to WORKDIR/pid-rank<R> at start and, after every batch, the batch
 WORKDIR/progress-rank<R> (the test signals once enough are done). ``accelerator.save_state()``
 runs at the end of each epoch (and every ``--save-every`` batches), routed to
 PreemptibleAccelerator. On the way out each process writes its exit code to
-WORKDIR/exit-rank<R>; at the end, the final weights and optimizer state go to WORKDIR/final.
+WORKDIR/exit-rank<R> and whether its process group is still alive to WORKDIR/group-rank<R> (a
+process that exits with a gloo group alive may abort); at the end, the final weights and
+optimizer state go to WORKDIR/final.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ def train(args: argparse.Namespace) -> None:
         project_dir=args.workdir, automatic_checkpoint_naming=True, total_limit=args.total_limit
     )
     accelerator = Accelerator(cpu=True, project_config=config)
+    _train(args, accelerator)
+    accelerator.end_training()  # not in a `finally`: on a notice the wrapper does it
+
+
+def _train(args: argparse.Namespace, accelerator: Accelerator) -> None:
     rank = accelerator.process_index
     _write(os.path.join(args.workdir, f"pid-rank{rank}"), f"{os.getpid()}\n")
     net = torch.nn.Sequential(
@@ -110,6 +117,8 @@ def main() -> None:
         raise
     finally:
         _write(os.path.join(args.workdir, f"exit-rank{rank}"), f"{code}\n")
+        group = "alive" if torch.distributed.is_initialized() else "ended"
+        _write(os.path.join(args.workdir, f"group-rank{rank}"), f"{group}\n")
 
 
 if __name__ == "__main__":
