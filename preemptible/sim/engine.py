@@ -299,13 +299,16 @@ class Simulator:
         return rec.saved_s + max(0.0, t - rec.run_start_s - rec.run_restore_s)
 
     def _checkpointed_at(self, rec: JobRecord, t: float) -> tuple[float, float]:
-        """(progress saved, time of that save) by regular checkpoints up to time t."""
+        """(progress saved, time from which work is unsaved) by regular checkpoints up to t.
+
+        Without a checkpoint in this run that time is the end of its restore, not its start:
+        the restore was charged at the preemption before, with the lost work.
+        """
         interval = self.options.checkpoint_interval_s
         worked = max(0.0, t - rec.run_start_s - rec.run_restore_s)
         k = int(worked // interval) if interval else 0
         progress = min(rec.saved_s + k * interval, rec.trace.duration_s)
-        at = rec.run_start_s + rec.run_restore_s + k * interval if k else rec.run_start_s
-        return progress, at
+        return progress, rec.run_start_s + rec.run_restore_s + k * interval
 
     def noticed(self, notice: Preempt, running: RunningJob, now: float) -> Leaving:
         """A notice: the job saves and leaves, or is killed at the end of its grace; what it

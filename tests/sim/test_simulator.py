@@ -70,22 +70,7 @@ def test_every_job_completes_and_accounting_adds_up(small_report, small_trace):
         assert overall["max_wait_least_served_s"] == max(q["max_wait_s"] for q in queues.values())
 
 
-@pytest.mark.parametrize(
-    "policy",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="engine bug: a job killed again before the first periodic checkpoint of "
-                "its run has its restore charged twice (_checkpointed_at counts from run_start_s)",
-            ),
-        )
-        if name == "kueue"
-        else name
-        for name in sorted(POLICIES)
-    ],
-)
+@pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_lost_work_is_what_each_job_held_beyond_its_own_work(small_trace, small_config, policy):
     # Every GPU-second a job held is its own work or lost (unsaved work, a save after a notice,
     # a restore), so lost work and goodput in the ranges are exact, not estimates.
