@@ -26,7 +26,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from preemptible.sim.synth import _wave_times
+from preemptible.sim.synth import wave_times
 from preemptible.sim.trace import TraceJob
 
 DAY_S = 86400.0
@@ -56,7 +56,7 @@ class Arrivals(enum.StrEnum):
     STEADY = "steady"
     """Uniformly at random (a Poisson process conditioned on the count)."""
     DAILY = "daily"
-    """Busy days and quiet nights plus three random surges (`synth._wave_times`)."""
+    """Busy days and quiet nights plus three random surges (`synth.wave_times`)."""
     ONE_TEAM = "one_team"
     """Each team bursts in a window of its own (one day, or span / teams if shorter) with
     `burst_share` of its jobs; the rest of its jobs arrive steadily."""
@@ -344,7 +344,7 @@ def _arrivals(
     """A submission time per job, stretched so that the first is 0 and the last `span_s`."""
     n = len(team_of)
     if knobs.arrivals is Arrivals.DAILY:
-        times = _wave_times(n, span_s, rng)  # sorted, but the jobs were drawn independently
+        times = wave_times(n, span_s, rng)  # sorted, but the jobs were drawn independently
     elif knobs.arrivals is Arrivals.ONE_TEAM:
         windows = _burst_windows(knobs.teams, span_s, rng)
         times = []

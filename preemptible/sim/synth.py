@@ -61,7 +61,7 @@ def generate(
         count += len(batch)
     gpu_s = sum(d * g for _, batch in shapes for d, g, *_ in batch)
     span = gpu_s / (load * gpus)
-    times = _wave_times(len(shapes), span, rng)
+    times = wave_times(len(shapes), span, rng)
     out: list[TraceJob] = []
     for (team, batch), at in zip(shapes, times, strict=True):
         for i, (duration, g, tier, ckpt, estimate) in enumerate(batch):
@@ -101,7 +101,7 @@ def _batch(kind: str, rng: random.Random) -> list[tuple[float, int, str, float, 
     return out
 
 
-def _wave_times(n: int, span: float, rng: random.Random) -> list[float]:
+def wave_times(n: int, span: float, rng: random.Random) -> list[float]:
     """n arrival times on [0, span]: a daily wave (busy days, quiet nights) plus random surges."""
     days = max(span / 86400.0, 1e-9)
     surges = [(rng.uniform(0, span), rng.uniform(0.01, 0.05) * span) for _ in range(3)]
