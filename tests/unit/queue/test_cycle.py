@@ -578,6 +578,24 @@ def test_a_job_within_nominal_waits_for_capacity_before_reclaiming_while_the_gua
     assert len(cycle(1.0, POLICIES["kueue"]).preempt) == 1  # the baseline reclaims at once
 
 
+def test_with_reclaim_within_one_grace_a_victim_at_grace_max_is_reclaimed_at_once():
+    # The promise is kept up to EXIT_SLACK_S late here: the victim may take all of grace_max
+    # to save, so there is no time left to wait for capacity, and the reclaim goes at once.
+    cfg = config(
+        gpus=4,
+        queues={"a": (1.0, 2, INF), "b": (1.0, 2, INF)},
+        preemption={"reclaim_within": "10m"},
+    )
+    borrowers = [running(job(f"a{i}", queue="a", save=500.0), started=0.0) for i in range(4)]
+    r = schedule(
+        snapshot(cfg, pending=[job("b1", queue="b", at=0.0)], running_jobs=borrowers),
+        0.0,
+        OURS,
+        cfg,
+    )
+    assert [(p.reclaim, p.grace_s) for p in r.preempt] == [(True, 600.0)] and r.wake_at is None
+
+
 @pytest.mark.parametrize("patience", [600.0, 1800.0])
 def test_a_higher_tier_waits_for_capacity_before_preempting_a_lower_one(patience):
     cfg = config(gpus=2, queues={"a": (1.0, 2, INF)}, preemption={"tier_patience": patience})
@@ -656,10 +674,17 @@ def test_while_a_reclaim_waits_later_work_of_its_queue_does_not_reclaim_ahead_of
     assert {p.for_job for p in cycle(510.0).preempt} >= {"b-new"}
 
 
-def test_while_a_reclaim_waits_no_queue_starts_to_borrow_with_a_longer_grace():
+@pytest.mark.parametrize("within_s", [600.0, 1800.0])
+def test_while_a_reclaim_waits_no_queue_starts_to_borrow_with_a_longer_grace(within_s):
     # b's 4-GPU job waits to reclaim from a (graces of 30 s); two GPUs are free, and c is at its
     # nominal quota: a c job with a 310 s grace would make c a borrower it could not count on.
-    cfg = config(gpus=8, queues={"a": (1.0, 2, INF), "b": (1.0, 4, INF), "c": (1.0, 2, INF)})
+    # That is the price of a longer `reclaim_within`: c-long is held back for as long as b4
+    # waits, until b4 reclaims (`reclaim_within` - 30 s - 60 s after b4's submission).
+    cfg = config(
+        gpus=8,
+        queues={"a": (1.0, 2, INF), "b": (1.0, 4, INF), "c": (1.0, 2, INF)},
+        preemption={"reclaim_within": within_s},
+    )
     busy = [running(job(f"a{i}", queue="a", gpus=2), started=0.0) for i in range(2)]
     busy += [running(job(f"c{i}", queue="c"), started=0.0) for i in range(2)]
     pending = [
@@ -668,10 +693,17 @@ def test_while_a_reclaim_waits_no_queue_starts_to_borrow_with_a_longer_grace():
         job("c-short", queue="c", at=1.0),
         job("b-own", queue="b", tier="low", at=0.0),
     ]
-    r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 200.0, OURS, cfg)
-    assert r.preempt == () and r.wake_at == 100.0 + 600 - 30 - 60
-    assert admitted(r) == ["b-own", "c-short"]
-    assert "with a longer grace" in r.reason_for("c-long")
+
+    def cycle(now):
+        return schedule(snapshot(cfg, pending=pending, running_jobs=busy), now, OURS, cfg)
+
+    due = 100.0 + within_s - 30 - 60
+    for now in (200.0, due - 1):
+        r = cycle(now)
+        assert r.preempt == () and r.wake_at == due
+        assert admitted(r) == ["b-own", "c-short"]
+        assert "with a longer grace" in r.reason_for("c-long")
+    assert {p.for_job for p in cycle(due).preempt} == {"b4"}
     # When c's running jobs are the slow savers, any c job would make them victims.
     slow_c = busy[:2] + [running(job(f"c{i}", queue="c", save=200.0)) for i in range(2)]
     r = schedule(snapshot(cfg, pending=pending, running_jobs=slow_c), 200.0, OURS, cfg)
