@@ -6,9 +6,9 @@ resolved lazily so that `preemptible.queue` and the simulator never pay for impo
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from preemptible._lazy import lazy_exports
 from preemptible._version import __version__
 
 if TYPE_CHECKING:
@@ -118,10 +118,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'preemptible' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -8,13 +8,18 @@ import inspect
 import subprocess
 import sys
 
+import pytest
+
 import preemptible
+import preemptible.checkpoint
 import preemptible.errors
 
+LAZY = [preemptible, preemptible.checkpoint]  # the packages that resolve names on first use
 
-def _type_checking_imports() -> dict[str, str]:
-    """Name -> module of every import under `if TYPE_CHECKING:` in preemptible/__init__.py."""
-    tree = ast.parse(inspect.getsource(preemptible))
+
+def _type_checking_imports(package: object) -> dict[str, str]:
+    """Name -> module of every import under `if TYPE_CHECKING:` in the package's __init__."""
+    tree = ast.parse(inspect.getsource(package))
     blocks = [
         node
         for node in tree.body
@@ -32,16 +37,24 @@ def _type_checking_imports() -> dict[str, str]:
     return names
 
 
-def test_all_exports_and_type_checking_imports_name_the_same_things():
-    exports = preemptible._EXPORTS
-    assert _type_checking_imports() == exports
-    assert sorted(preemptible.__all__) == sorted([*exports, "__version__"])
-    assert len(set(preemptible.__all__)) == len(preemptible.__all__)
+@pytest.mark.parametrize("package", LAZY, ids=lambda p: p.__name__)
+def test_all_exports_and_type_checking_imports_name_the_same_things(package):
+    exports = package._EXPORTS
+    assert _type_checking_imports(package) == exports
+    eager = ["__version__"] if package is preemptible else []
+    assert sorted(package.__all__) == sorted([*exports, *eager])
+    assert len(set(package.__all__)) == len(package.__all__)
 
 
-def test_every_exported_name_resolves_to_the_object_of_its_module():
-    for name, module in preemptible._EXPORTS.items():
-        assert getattr(preemptible, name) is getattr(importlib.import_module(module), name), name
+@pytest.mark.parametrize("package", LAZY, ids=lambda p: p.__name__)
+def test_every_exported_name_resolves_to_the_object_of_its_module(package):
+    for name, module in package._EXPORTS.items():
+        assert getattr(package, name) is getattr(importlib.import_module(module), name), name
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        package.nothing  # noqa: B018
+
+
+def test_the_version_is_a_string():
     assert isinstance(preemptible.__version__, str)
 
 
@@ -51,6 +64,16 @@ def test_every_error_of_the_tree_is_exported_and_derives_from_the_root():
     for name in preemptible.errors.__all__:
         error = getattr(preemptible, name)
         assert issubclass(error, preemptible.PreemptibleError | preemptible.PreemptibleWarning)
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["preemptible.sidecar", "preemptible.reporters", "preemptible.queue_link", "preemptible.sim"],
+)
+def test_the_parts_that_never_touch_a_tensor_do_not_import_torch(module):
+    # The sidecar runs beside every trainer: importing torch cost it 2.4 s and its memory.
+    code = f"import sys, {module}\nassert 'torch' not in sys.modules, 'torch was imported'\n"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_importing_the_errors_from_the_top_level_does_not_import_torch():
