@@ -6,12 +6,12 @@ STAMP   := $(VENV)/.installed
 # torch first and pinned: a bare `torch` may resolve a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 # Packages held to mypy --strict (`make typecheck`); settings in pyproject.toml [tool.mypy].
-TYPED   ?= preemptible/_lazy.py preemptible/checkpoint preemptible/queue preemptible/cli/queue.py preemptible/queue_link.py \
+TYPED   ?= preemptible/checkpoint preemptible/queue preemptible/cli/queue.py preemptible/queue_link.py \
            preemptible/reporters preemptible/lightning.py preemptible/sidecar.py preemptible/cost.py \
            preemptible/cli/sidecar.py preemptible/deadline.py preemptible/launch.py \
            preemptible/accelerate.py preemptible/runtime.py preemptible/sim/family.py \
            preemptible/sim/html_report.py preemptible/sim/plots.py preemptible/sim/metrics.py \
-           preemptible/units.py preemptible/files.py
+           preemptible/units.py preemptible/files.py preemptible/_lazy.py
 
 .PHONY: venv test test-fast lint format typecheck docs demo demo-checkpoint bench clean
 
