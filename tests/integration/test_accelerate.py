@@ -19,8 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 pytest.importorskip("accelerate")
+
+import accelerate
 
 from preemptible import Checkpointer
 from tests.helpers import assert_same
@@ -32,6 +35,9 @@ SCRIPT = Path(__file__).parent / "scripts" / "accelerate_train.py"
 EXAMPLE = REPO / "examples" / "accelerate_train.py"
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
 TIMEOUT = 120
+# Accelerate 1.16 made its launcher handle SIGTERM: it passes it on and exits 128 + signum. Before,
+# the one-process launcher died of it and the torchrun launcher exited 1 (docs/accelerate.md).
+LAUNCHER_EXITS_143 = Version(accelerate.__version__) >= Version("1.16")
 PER_EPOCH = 24  # 96 samples, batch 4, one process; half of it per rank with two
 
 
@@ -142,11 +148,11 @@ def test_one_process_sigterm_mid_epoch_saves_exits_143_and_resumes_bitwise(tmp_p
     proc = _start([*cmd, "--slow=0.05"], tmp_path)
     _wait_for(proc, lambda: _progress(workdir) >= PER_EPOCH + 6, "batches of the second epoch")
     trainer = int(_read(workdir, "pid-rank0"))
-    # The launcher forwards nothing: a SIGTERM to it alone would orphan the trainer. A shell's
-    # Ctrl-C, SLURM and the queue manager signal the whole group, as here.
+    # Before 1.16 the launcher forwarded nothing: a SIGTERM to it alone orphaned the trainer. A
+    # shell's Ctrl-C, SLURM and the queue manager signal the whole group, as here.
     os.killpg(proc.pid, signal.SIGTERM)
     code, out = _finish(proc)
-    assert code == -signal.SIGTERM, out  # the launcher died of it; the trainer saved:
+    assert code == (143 if LAUNCHER_EXITS_143 else -signal.SIGTERM), out  # the trainer saved:
     assert not wait_gone([trainer], TIMEOUT)
     assert _read(workdir, "exit-rank0") == "143", out
     stopped = _progress(workdir)
@@ -158,6 +164,27 @@ def test_one_process_sigterm_mid_epoch_saves_exits_143_and_resumes_bitwise(tmp_p
     assert f"rank 0 resumed from step {stopped}" in out
     _assert_same_result(reference, workdir)
     assert _folders(workdir) == ["checkpoint_1", "checkpoint_2"], "total_limit=2"
+
+
+@pytest.mark.skipif(not LAUNCHER_EXITS_143, reason="before 1.16 the launcher forwards nothing")
+def test_one_process_launcher_alone_passes_sigterm_on_and_the_trainer_saves(tmp_path, reference):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    cmd = _launch(workdir, procs=1)
+    proc = _start([*cmd, "--slow=0.05"], tmp_path)
+    _wait_for(proc, lambda: _progress(workdir) >= 6, "the first batches")
+    trainer = int(_read(workdir, "pid-rank0"))
+    os.kill(proc.pid, signal.SIGTERM)  # the launcher only: it terminates its child's tree
+    code, out = _finish(proc)
+    assert code == 143, out
+    assert not wait_gone([trainer], TIMEOUT)
+    assert _read(workdir, "exit-rank0") == "143", out
+    stopped = _progress(workdir)
+    assert f"preempted: checkpointed step {stopped}" in out
+
+    out = _run(cmd, tmp_path)
+    assert f"rank 0 resumed from step {stopped}" in out
+    _assert_same_result(reference, workdir)
 
 
 def test_two_processes_agree_on_the_step_save_together_and_resume_bitwise(tmp_path):
@@ -173,7 +200,7 @@ def test_two_processes_agree_on_the_step_save_together_and_resume_bitwise(tmp_pa
     trainers = [int(_read(workdir, f"pid-rank{r}")) for r in (0, 1)]
     os.kill(proc.pid, signal.SIGTERM)  # to the launcher alone: its torchrun agent forwards it
     code, out = _finish(proc)
-    assert code == 1, out  # torchrun's SignalException: the launcher does not exit 143
+    assert code == (143 if LAUNCHER_EXITS_143 else 1), out  # torchrun's SignalException
     assert not wait_gone(trainers, TIMEOUT)
     assert [_read(workdir, f"exit-rank{r}") for r in (0, 1)] == ["143", "143"], out
     assert [_read(workdir, f"group-rank{r}") for r in (0, 1)] == ["ended", "ended"], out
