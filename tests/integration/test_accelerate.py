@@ -141,7 +141,19 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return workdir
 
 
-def test_one_process_sigterm_mid_epoch_saves_exits_143_and_resumes_bitwise(tmp_path, reference):
+@pytest.mark.parametrize(
+    "to",
+    [
+        "group",
+        pytest.param(
+            "launcher",
+            marks=pytest.mark.skipif(
+                not LAUNCHER_EXITS_143, reason="before 1.16 the launcher forwards nothing"
+            ),
+        ),
+    ],
+)
+def test_one_process_sigterm_mid_epoch_saves_exits_143_and_resumes_bitwise(tmp_path, reference, to):
     workdir = tmp_path / "run"
     workdir.mkdir()
     cmd = _launch(workdir, "--total-limit=2", procs=1)
@@ -149,8 +161,12 @@ def test_one_process_sigterm_mid_epoch_saves_exits_143_and_resumes_bitwise(tmp_p
     _wait_for(proc, lambda: _progress(workdir) >= PER_EPOCH + 6, "batches of the second epoch")
     trainer = int(_read(workdir, "pid-rank0"))
     # Before 1.16 the launcher forwarded nothing: a SIGTERM to it alone orphaned the trainer. A
-    # shell's Ctrl-C, SLURM and the queue manager signal the whole group, as here.
-    os.killpg(proc.pid, signal.SIGTERM)
+    # shell's Ctrl-C, SLURM and the queue manager signal the whole group; from 1.16 the launcher
+    # alone terminates its child's tree.
+    if to == "group":
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        os.kill(proc.pid, signal.SIGTERM)
     code, out = _finish(proc)
     assert code == (143 if LAUNCHER_EXITS_143 else -signal.SIGTERM), out  # the trainer saved:
     assert not wait_gone([trainer], TIMEOUT)
@@ -164,27 +180,6 @@ def test_one_process_sigterm_mid_epoch_saves_exits_143_and_resumes_bitwise(tmp_p
     assert f"rank 0 resumed from step {stopped}" in out
     _assert_same_result(reference, workdir)
     assert _folders(workdir) == ["checkpoint_1", "checkpoint_2"], "total_limit=2"
-
-
-@pytest.mark.skipif(not LAUNCHER_EXITS_143, reason="before 1.16 the launcher forwards nothing")
-def test_one_process_launcher_alone_passes_sigterm_on_and_the_trainer_saves(tmp_path, reference):
-    workdir = tmp_path / "run"
-    workdir.mkdir()
-    cmd = _launch(workdir, procs=1)
-    proc = _start([*cmd, "--slow=0.05"], tmp_path)
-    _wait_for(proc, lambda: _progress(workdir) >= 6, "the first batches")
-    trainer = int(_read(workdir, "pid-rank0"))
-    os.kill(proc.pid, signal.SIGTERM)  # the launcher only: it terminates its child's tree
-    code, out = _finish(proc)
-    assert code == 143, out
-    assert not wait_gone([trainer], TIMEOUT)
-    assert _read(workdir, "exit-rank0") == "143", out
-    stopped = _progress(workdir)
-    assert f"preempted: checkpointed step {stopped}" in out
-
-    out = _run(cmd, tmp_path)
-    assert f"rank 0 resumed from step {stopped}" in out
-    _assert_same_result(reference, workdir)
 
 
 def test_two_processes_agree_on_the_step_save_together_and_resume_bitwise(tmp_path):
