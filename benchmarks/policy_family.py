@@ -458,7 +458,8 @@ def _baselines(
     return {n: saved[n] for n in names}
 
 
-def _seeds(parser: argparse.ArgumentParser, option: str, text: str) -> list[int]:
+def seeds_arg(parser: argparse.ArgumentParser, option: str, text: str) -> list[int]:
+    """Seeds given as ``1,4,9``; exits with a usage error otherwise."""
     try:
         seeds = [int(s) for s in text.split(",")]
     except ValueError:
@@ -531,9 +532,9 @@ def main() -> None:
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs must be 1 or more, not {args.jobs}")
     if args.issue is not None:
-        draws = {f"issue-{s}": issue_knobs(s) for s in _seeds(parser, "--issue", args.issue)}
+        draws = {f"issue-{s}": issue_knobs(s) for s in seeds_arg(parser, "--issue", args.issue)}
     elif args.only:
-        draws = {str(s): draw_knobs(s) for s in _seeds(parser, "--only", args.only)}
+        draws = {str(s): draw_knobs(s) for s in seeds_arg(parser, "--only", args.only)}
     else:
         seeds = list(range(args.seed_base, args.seed_base + args.draws))
         draws = {str(s): draw_knobs(s) for s in seeds}
