@@ -59,7 +59,6 @@ from preemptible.sim.family import Knobs, draw_knobs, workload
 from preemptible.sim.metrics import percentile
 
 TIER_BASELINES = ("priority", "kueue", "slurm")
-ORACLE = "oracle"
 VERDICTS = ("reachable", "out of reach", "open")
 ROUNDING = 1e-9
 """A witness at a goal's bound meets it: `judge`'s `excess` may be this far above 0 from the
@@ -113,7 +112,7 @@ def goal_bounds(
         late=len(jobs) - math.ceil(0.95 * len(jobs)),
         window=window,
         held=math.ceil(goodput * gpus * window - 1e-3) - edge * gpus,  # float noise: not a tenth
-        loss=math.floor(0.5 * metrics[pf.QUOTA_BASELINE]["lost_gpu_h"] * 36000),
+        loss=math.ceil(0.5 * metrics[pf.QUOTA_BASELINE]["lost_gpu_h"] * 36000),
     )
 
 
