@@ -6,7 +6,9 @@ to pending and back to running when a high-tier job of the lending queue arrives
 SIGTERM, which the job answers by "saving" for two seconds); the job's page shows the grace
 it negotiated and the time it took. A wrong token is refused on the page and by the API; a
 queue token sees its own jobs and the other queues as counts only, checked over HTTP and on the
-page. The pages log no console error.
+page. With its API requests refused, the page says it is reconnecting, and it is live again by
+itself once they pass. The pages log no console error but the browser's own for a refused
+request.
 
 Screenshots of each page are taken on every run; `PREEMPTIBLE_UPDATE_SCREENSHOTS=1 pytest
 tests/integration/test_dashboard.py` copies them to docs/img/dashboard-*.png.
@@ -319,6 +321,34 @@ def test_the_jobs_table_is_filtered_and_bounded_by_the_server(server: Server, br
     expect(tab.state_of(dropped["id"])).to_have_text("cancelled", timeout=10_000)
     assert tab.state_of(kept["id"]).count() == 0
     assert tab.errors == []
+    tab.close()
+
+
+def test_a_lost_connection_shows_reconnecting_and_the_page_recovers_by_itself(
+    server: Server, browser: Any
+) -> None:
+    with server.client("admin-secret") as admin:
+        waiting = submit(admin, "research", ["sleep", "600"], tier="low", name="waiting")
+    tab = Page(browser, server)
+    tab.sign_in("admin-secret")
+    live, notice = tab.page.locator("#live"), tab.page.locator("#banner")
+    for page, url in (("#overview", "/"), ("#job", f"/#/jobs/{waiting['id']}")):
+        tab.page.goto(f"{server.url}{url}")
+        expect(tab.page.locator(page)).to_be_visible(timeout=10_000)
+        expect(live).to_have_text("live")
+        expect(notice).to_be_hidden()
+        # The browser's own network layer refuses every API request from here on, as it
+        # would with the server gone; the page keeps its token and polls on.
+        tab.page.route("**/v1/**", lambda route: route.abort("connectionrefused"))
+        expect(live).to_have_text("reconnecting", timeout=10_000)
+        expect(notice).to_be_visible()
+        expect(notice).to_contain_text("Cannot reach the queue manager")
+        tab.page.unroute("**/v1/**")
+        expect(live).to_have_text("live", timeout=10_000)
+        expect(notice).to_be_hidden()
+        expect(tab.page.locator(page)).to_be_visible()
+    # The browser reports the refused requests itself, and nothing else.
+    assert tab.errors and all("ERR_CONNECTION_REFUSED" in e for e in tab.errors), tab.errors
     tab.close()
 
 

@@ -26,6 +26,7 @@ function signedOut(message) {
   show("status", false);
   show("overview", false);
   show("job", false);
+  banner("banner", "");
   show("sign-in", true);
   const error = document.getElementById("sign-in-error");
   error.textContent = message || "";
@@ -98,6 +99,7 @@ async function tick() {
       signedOut(`The server no longer accepts this token: ${error.message}`);
       return;
     }
+    show("status", true); // also when the first poll after signing in fails
     document.getElementById("live").className = "live lost";
     document.getElementById("live").textContent = "reconnecting";
     banner("banner", `Cannot reach the queue manager (${error.message}); retrying.`);
