@@ -23,7 +23,8 @@ where they can, whether some schedule meets all four goals:
   hold no GPUs and to deliver all the work they could in the window). Goodput may count L of
   lost work that was charged after the window. Time is continuous and quotas, tiers and the
   cycle interval are not imposed. Infeasible: no policy meets all four goals on the draw. When
-  kueue loses nothing, no policy may preempt and the two models are one.
+  kueue loses nothing, no policy may preempt, and the refutation is the witness's model with
+  its bounds loosened by a tenth of a second (for rounding).
 
 A draw is **reachable** (witness found), **out of reach** (refutation infeasible) or **open**
 (neither within the time limit, or the relaxation too loose to decide).
