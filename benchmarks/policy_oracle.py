@@ -233,7 +233,9 @@ def one_draw(seed: int, jobs: int, gpus: int, time_limit_s: float) -> dict[str, 
     metrics = {p: pf.replay(knobs, p) for p in (*pf.BASELINES, pf.OURS)}
     trace, _ = workload(knobs)
     verdict = oracle(trace, gpus, metrics, time_limit_s)
-    met = {p: pf.judge(metrics, p)["all"]["met"] for p in metrics}
+    goals = pf.judge(metrics)
+    met = {p: pf.judge(metrics, p)["all"]["met"] for p in metrics if p != pf.OURS}
+    met[pf.OURS] = goals["all"]["met"]
     base = {p: metrics[p] for p in pf.BASELINES}
     as_ours = [p for p in metrics if pf.judge({**base, pf.OURS: metrics[p]})["all"]["met"]]
     if as_ours and verdict["verdict"] == "out of reach":  # a schedule the simulator played
@@ -241,7 +243,7 @@ def one_draw(seed: int, jobs: int, gpus: int, time_limit_s: float) -> dict[str, 
     return {
         "seed": seed,
         "summary": knobs.summary(),
-        "goals": pf.judge(metrics),
+        "goals": goals,
         "all_four": met,
         "meet_ours_goals": as_ours,
         "kueue_lost_gpu_h": metrics[pf.QUOTA_BASELINE]["lost_gpu_h"],
