@@ -30,6 +30,7 @@ from preemptible.queue.core import (
     Job,
     Policy,
     Preempt,
+    PreemptKind,
     QueueConfig,
     Resources,
     RunningJob,
@@ -83,8 +84,8 @@ class JobRecord:
     admitted_gpu_s: float = 0.0
     runs: list[tuple[float, float]] = field(default_factory=list)
     """(start, end) of every run, for timelines and windowed metrics."""
-    lost_log: list[tuple[float, float]] = field(default_factory=list)
-    """(time, GPU-seconds) of every preemption's loss."""
+    lost_log: list[tuple[float, float, PreemptKind]] = field(default_factory=list)
+    """(time, GPU-seconds, the rule that sent the notice) of every preemption's loss."""
     last_preempted_at: float | None = None
 
 
@@ -336,7 +337,7 @@ class Simulator:
         rec.preemptions += 1
         rec.last_preempted_at = now
         rec.lost_gpu_s += lost
-        rec.lost_log.append((now, lost))
+        rec.lost_log.append((now, lost, notice.kind))
         rec.saved_s = new_saved
         rec.run_token += 1
         self._push(exit_at, _EXIT, job.id, rec.run_token)
@@ -352,7 +353,7 @@ def _timeline(result: SimResult, bins: int) -> None:
     lost: dict[str, list[float]] = {}
     preemptions: dict[str, list[int]] = {}
     for rec in result.records:
-        for at, amount in rec.lost_log:
+        for at, amount, _ in rec.lost_log:
             i = min(int((at - result.start_s) / width), bins - 1)
             lost.setdefault(rec.trace.queue, [0.0] * bins)[i] += amount
             preemptions.setdefault(rec.trace.queue, [0] * bins)[i] += 1

@@ -5,7 +5,9 @@
   completion); goodput: the same minus GPU-seconds lost to preemption;
 - preemptions per hour and lost GPU-seconds per preemption (a move, which sends a job to
   another node so that a blocked one gets a node block, counts as a preemption; `moves` says
-  how many of them were moves);
+  how many of them were moves); `preemptions_by_kind` and `lost_gpu_s_by_kind` count them and
+  their loss apart by the rule that sent the notice (`PreemptKind`: tier, reclaim, beyond_limit,
+  loan, move), so that what each rule costs shows;
 - max wait of the least-served queue: the largest max wait of any queue (that queue is named).
 
 Per-queue utilisation and goodput are shares of the whole cluster, so they add up to overall.
@@ -19,8 +21,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_args
 
+from preemptible.queue.core import PreemptKind
 from preemptible.sim.engine import JobRecord, SimResult
 from preemptible.units import fmt_duration
 
@@ -40,6 +43,12 @@ def _metrics(records: Sequence[JobRecord], available_gpu_s: float, hours: float)
     admitted = sum(r.admitted_gpu_s for r in records)
     lost = sum(r.lost_gpu_s for r in records)
     preemptions = sum(r.preemptions for r in records)
+    by_kind = {kind: 0 for kind in get_args(PreemptKind)}
+    lost_by_kind = {kind: 0.0 for kind in by_kind}
+    for r in records:
+        for _, amount, kind in r.lost_log:
+            by_kind[kind] += 1
+            lost_by_kind[kind] += amount
     return {
         "jobs": len(records),
         "p50_wait_s": percentile(waits, 50),
@@ -56,6 +65,8 @@ def _metrics(records: Sequence[JobRecord], available_gpu_s: float, hours: float)
         "preemptions_per_hour": preemptions / hours if hours else 0.0,
         "lost_gpu_s": lost,
         "lost_gpu_s_per_preemption": lost / preemptions if preemptions else 0.0,
+        "preemptions_by_kind": by_kind,
+        "lost_gpu_s_by_kind": lost_by_kind,
     }
 
 
@@ -85,7 +96,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         for start, end in r.runs
     )
     lost_in_window = sum(
-        amount for r in result.records for at, amount in r.lost_log if at <= last_submit
+        amount for r in result.records for at, amount, _ in r.lost_log if at <= last_submit
     )
     overall.update(
         {

@@ -142,6 +142,39 @@ def test_preemption_costs_depend_on_checkpointing(mode, at, lost):
     assert low.admitted_gpu_s == pytest.approx(10_000 + lost, rel=1e-6)
 
 
+NONE_BY_KIND = dict.fromkeys(("tier", "reclaim", "beyond_limit", "loan", "move"), 0)
+
+
+def test_lost_work_is_counted_apart_by_the_rule_that_sent_the_notice():
+    # Two GPUs, nominal 1 each. b borrows a's GPU at 0 and a's job, within its nominal quota,
+    # reclaims it (after its patience). Later a critical job of b preempts one of b's own
+    # normal-tier jobs. Each victim saves 50 s and restores 50 s.
+    cfg = parse_config_text(
+        "[cluster]\ngpus = 2\n[preemption]\ntier_patience = 0\nmin_runtime = 0\n"
+        "[[queues]]\nname = 'a'\nnominal = { gpus = 1 }\n"
+        "[[queues]]\nname = 'b'\nnominal = { gpus = 1 }\n"
+    )
+    jobs = [
+        _job("b1", 0, 20_000, queue="b", ckpt=50.0),
+        _job("b2", 0, 20_000, queue="b", ckpt=50.0),
+        _job("a-owed", 100, 1000, queue="a", ckpt=50.0),
+        _job("b-critical", 5000, 1000, queue="b", tier="critical", ckpt=50.0),
+    ]
+    result = Simulator(jobs, cfg, POLICIES["preemptible"], SimOptions(cycle_interval_s=0.0)).run()
+    logged = sorted((at, kind) for r in result.records for at, _, kind in r.lost_log)
+    assert [kind for _, kind in logged] == ["reclaim", "tier"]
+    assert logged[0][0] < 5000 <= logged[1][0]
+    summary = summarize(result)
+    overall = summary["overall"]
+    assert overall["preemptions_by_kind"] == {**NONE_BY_KIND, "reclaim": 1, "tier": 1}
+    assert overall["lost_gpu_s_by_kind"] == pytest.approx(
+        {**NONE_BY_KIND, "reclaim": 100.0, "tier": 100.0}
+    )
+    assert sum(overall["lost_gpu_s_by_kind"].values()) == pytest.approx(overall["lost_gpu_s"])
+    assert summary["queues"]["b"]["preemptions_by_kind"] == overall["preemptions_by_kind"]
+    assert summary["queues"]["a"]["preemptions_by_kind"] == NONE_BY_KIND
+
+
 def _on_two_nodes(jobs, policy: str):
     """`jobs` on two 8-GPU nodes, one queue, a cycle at every event."""
     cfg = parse_config_text(
@@ -165,6 +198,8 @@ def test_small_jobs_move_off_a_node_and_a_gang_starts_on_it():
     records = {r.trace.job_id: r for r in result.records}
     overall = summarize(result)["overall"]
     assert (overall["preemptions"], overall["moves"]) == (3, 3)
+    assert overall["preemptions_by_kind"] == {**NONE_BY_KIND, "move": 3}
+    assert overall["lost_gpu_s_by_kind"] == pytest.approx({**NONE_BY_KIND, "move": 3 * 40.0})
     for i in range(3):
         small = records[f"s{i}"]
         assert small.preemptions == small.moves == 1

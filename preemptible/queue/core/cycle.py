@@ -561,8 +561,7 @@ class _Cycle:
                     grace_s=v.grace_s,
                     for_job=job.id,
                     lost_gpu_s=v.lost_gpu_s,
-                    reclaim=v.kind in ("reclaim", "beyond_limit"),
-                    loan=v.kind == "loan",
+                    kind=v.kind,
                     for_nodes=plan.placement or (),
                     reason=reason,
                 )
@@ -614,6 +613,7 @@ class _Cycle:
                     grace_s=move.grace_s,
                     for_job=job.id,
                     lost_gpu_s=move.lost_gpu_s,
+                    kind="move",
                     for_nodes=plan.placement,
                     restart_on=move.restart_on,
                     reason=reasons.moved(job, move.restart_on, move.lost_gpu_s),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from preemptible.errors import ConfigError
 
@@ -230,6 +230,17 @@ class Admit:
     reason: str = ""
 
 
+PreemptKind = Literal["tier", "reclaim", "beyond_limit", "loan", "move"]
+"""Which rule sent a notice, so that what each rule costs can be counted apart:
+
+- "tier": a higher tier preempts a lower one;
+- "reclaim": a queue within its nominal quota takes back capacity another queue borrowed;
+- "beyond_limit": capacity lent past a borrowing limit is taken back (`Policy.beyond_limit`);
+- "loan": a reserved job takes back capacity lent to work that started ahead of it;
+- "move": the job restarts at once on another node so that a blocked job gets a node block.
+"""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Preempt:
     """Send `job_id` a preemption notice with `grace_s` seconds to save and exit."""
@@ -240,10 +251,8 @@ class Preempt:
     """The job the capacity is freed for."""
     lost_gpu_s: float
     """Estimated GPU-seconds this preemption costs (lost work plus restore)."""
-    reclaim: bool = False
-    """True when it reclaims borrowed capacity rather than serving a higher tier."""
-    loan: bool = False
-    """True when the job it is freed for takes back capacity lent to it (`RunningJob.loan_for`)."""
+    kind: PreemptKind
+    """The rule that sent it."""
     for_nodes: tuple[tuple[int, int], ...] = ()
     """(node, GPUs) where `for_job` is to start once its victims exit, when the cluster has
     nodes: held for it meanwhile, so that a third job cannot take them."""
@@ -251,6 +260,17 @@ class Preempt:
     """A move (`defrag.py`): (node, GPUs) where this job restarts at once after it has saved,
     held for it meanwhile. Empty for every other preemption."""
     reason: str = ""
+
+    @property
+    def reclaim(self) -> bool:
+        """True when it takes back borrowed capacity rather than serving a higher tier."""
+        return self.kind in ("reclaim", "beyond_limit")
+
+    @property
+    def loan(self) -> bool:
+        """True when the job it is freed for takes back capacity lent to it
+        (`RunningJob.loan_for`)."""
+        return self.kind == "loan"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -532,12 +532,7 @@ class QueueManager:
 
     def _notice(self, notice: Preempt, running: RunningJob, now: float) -> Leaving:
         record = self.jobs[notice.job_id]
-        kind = (
-            "move"
-            if notice.restart_on
-            else ("reclaim" if notice.reclaim else "loan" if notice.loan else "tier")
-        )
-        self.preemption_counts[(record.queue, kind)] += 1
+        self.preemption_counts[(record.queue, notice.kind)] += 1
         self._send_notice(record, now, notice.reason, notice.grace_s, notice.for_job)
         return Leaving(at=now + _expected_exit_s(running.job, notice.grace_s))
 

@@ -141,7 +141,8 @@ def test_a_borrower_within_its_limit_takes_back_what_went_beyond_another_limit()
     pending = [job("b4", queue="b", gpus=4, at=100.0)]  # 2 within nominal + 2 borrowed
     r = schedule(snapshot(cfg, pending=pending, running_jobs=busy), 120.0, OURS, cfg)
     assert sorted(preempted(r)) == ["a2x", "a2y"]  # the excess only, before any minimum runtime
-    assert all(p.reclaim for p in r.preempt)
+    assert [p.kind for p in r.preempt] == ["beyond_limit", "beyond_limit"]
+    assert all(p.reclaim and not p.loan for p in r.preempt)
     assert "beyond a's borrowing limit" in r.preempt[0].reason
     kueue = schedule(
         snapshot(cfg, pending=pending, running_jobs=busy), 120.0, POLICIES["kueue"], cfg
@@ -426,7 +427,8 @@ def test_the_reserved_job_takes_its_loans_back_after_their_minimum_runtime():
     both = snapshot(cfg, pending=[head], running_jobs=[loan, plain])
     assert preempted(schedule(both, 299.0, OURS, cfg)) == []  # floor: max(300 s, 10 x 20 s)
     r = schedule(both, 300.0, OURS, cfg)
-    assert preempted(r) == ["loan"] and r.preempt[0].loan and not r.preempt[0].reclaim
+    assert preempted(r) == ["loan"] and r.preempt[0].kind == "loan"
+    assert r.preempt[0].loan and not r.preempt[0].reclaim
     assert "ran on loan ahead of head's reservation" in r.preempt[0].reason
     assert r.preempt[0].lost_gpu_s == pytest.approx(2 * (10.0 + 10.0))
 
@@ -498,7 +500,7 @@ def test_lower_tier_victim_with_least_lost_work_is_preempted():
     )
     assert preempted(r) == ["v-fresh"]
     p = r.preempt[0]
-    assert p.for_job == "h" and not p.reclaim
+    assert p.for_job == "h" and p.kind == "tier" and not p.reclaim
     assert p.lost_gpu_s == pytest.approx(100.0 + 10.0)  # since checkpoint + restore
     assert "tier low yields to high job h" in p.reason
     assert "preempting v-fresh" in r.reason_for("h")

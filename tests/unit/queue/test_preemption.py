@@ -35,7 +35,7 @@ def test_reclaim_takes_only_what_the_other_queue_borrows():
     snap = snapshot(cfg, pending=[job("a-new", queue="a")], running_jobs=busy)
     result = schedule(snap, NOW, OURS, cfg)
     assert preempted(result) == ["b-small"]
-    assert result.preempt[0].reclaim
+    assert result.preempt[0].kind == "reclaim" and result.preempt[0].reclaim
 
 
 def test_kueue_takes_any_victim_of_a_queue_that_still_borrows():
