@@ -297,6 +297,28 @@ def test_counts_and_worst_draws(family):
     assert [d["seed"] for d in family.worst(draws, "p95_wait")] == [1, 3, 2]  # ties by seed
 
 
+def test_lost_work_by_rule_and_what_it_buys_where_only_kueues_half_is_missed(family):
+    def draw(seed, ours_goodput, kueue_lost, by_kind):
+        metrics = dict(ISSUE_NUMBERS, kueue=numbers(0.80, 47.0, 9.0 * 24, kueue_lost))
+        ours = numbers(ours_goodput, 42.6, 8.9 * 24, sum(by_kind.values()))
+        metrics["preemptible"] = ours | {"offered_gpu_h": 10_000.0, "lost_gpu_h_by_kind": by_kind}
+        return family.draw_report(str(seed), small(seed), metrics)
+
+    draws = [
+        draw(1, 0.90, 0.0, {"beyond_limit": 80.0, "loan": 20.0}),  # kueue lost nothing
+        draw(2, 0.85, 300.0, {"beyond_limit": 50.0, "loan": 50.0}),  # goal 4 met
+        draw(3, 0.81, 10.0, {"beyond_limit": 0.0, "loan": 50.0}),
+        draw(4, 0.95, 0.0, {"beyond_limit": 600.0, "loan": 0.0}),  # 1.2% of delivered
+    ]
+    assert [d["goals"]["lost"]["met"] for d in draws] == [False, True, False, False]
+    assert family.lost_by_kind(draws) == {
+        "beyond_limit": (730.0, 680.0),
+        "loan": (120.0, 70.0),
+    }
+    # 10 points of 10,000 GPU-h for 100 lost; 1 point for 50; draw 4 misses the 1% bound too.
+    assert family.gain_per_lost(draws) == pytest.approx({"1": 10.0, "3": 2.0})
+
+
 def test_the_ceiling_counts_a_draw_when_one_candidate_meets_all_four(family):
     # Draw 1: the issue's numbers with fifo's p95 doubled: only a variant meets all four.
     # Draw 2: no variant meets the goodput goal, and fifo, judged as ours is, meets all four.
