@@ -247,6 +247,25 @@ def _print_tables(report: dict[str, Any]) -> None:
             )
         per_queue.add_row(*row)
     console.print(per_queue)
+    _print_lost_by_kind(console, policies)
+
+
+def _print_lost_by_kind(console: Any, policies: dict[str, Any]) -> None:
+    """Lost GPU-hours per policy by the rule that sent the notice, when any policy preempted."""
+    from rich.table import Table
+
+    lost = {name: m["overall"]["lost_gpu_s_by_kind"] for name, m in policies.items()}
+    if not any(any(v.values()) for v in lost.values()):
+        return
+    kinds = list(next(iter(lost.values())))
+    table = Table(title="lost GPU-h by the rule that sent the notice (preemptions)")
+    table.add_column("policy")
+    for kind in kinds:
+        table.add_column(kind, justify="right")
+    for name, by_kind in lost.items():
+        counts = policies[name]["overall"]["preemptions_by_kind"]
+        table.add_row(name, *(f"{by_kind[k] / 3600:,.1f} ({counts[k]:,})" for k in kinds))
+    console.print(table)
 
 
 @app.command("import")

@@ -40,6 +40,13 @@ def test_sim_writes_the_json_contract_and_a_table(tmp_path, small_trace, small_c
         assert set(metrics["queues"]) == {"team-a", "team-b", "team-c"}
     assert "preemptible" in proc.stdout and "goodput" in proc.stdout
     assert len(list((tmp_path / "plots").glob("*.png"))) == 15
+    # ours preempts on this trace: its loss by rule, as the JSON has it, gets a row of its own
+    ours = report["policies"]["preemptible"]["overall"]
+    assert ours["preemptions"] > 0
+    title = "lost GPU-h by the rule that sent the notice"
+    row = next(line for line in proc.stdout.split(title)[1].splitlines() if "preemptible" in line)
+    for kind, lost_s in ours["lost_gpu_s_by_kind"].items():
+        assert f"{lost_s / 3600:,.1f} ({ours['preemptions_by_kind'][kind]:,})" in row, kind
 
 
 def test_single_policy(tmp_path, small_trace, small_config):
