@@ -397,9 +397,9 @@ def print_lost(draws: list[dict[str, Any]]) -> None:
     if ratios:
         print(
             f"goal 4 missed only for losing more than half of kueue's loss: {len(ratios)} draws;\n"
-            f"  there, per GPU-hour ours loses, it delivers {ratios[0]:.0f}x to {ratios[-1]:.0f}x "
-            f"(median {statistics.median(ratios):.0f}x) more useful GPU-hours than kueue while "
-            "jobs arrive"
+            f"  there, for each GPU-hour ours loses, it delivers {ratios[0]:.1f} to "
+            f"{ratios[-1]:.1f} (median {statistics.median(ratios):.1f}) more useful GPU-hours "
+            "than kueue while jobs arrive"
         )
 
 
