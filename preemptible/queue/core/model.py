@@ -230,7 +230,10 @@ class Admit:
     reason: str = ""
 
 
-PreemptKind = Literal["tier", "reclaim", "beyond_limit", "loan", "move"]
+VictimKind = Literal["tier", "reclaim", "beyond_limit", "loan"]
+"""Why a running job may be a victim (`preemption.py`'s module docstring)."""
+
+PreemptKind = Literal[VictimKind, "move"]
 """Which rule sent a notice, so that what each rule costs can be counted apart:
 
 - "tier": a higher tier preempts a lower one;

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from preemptible.queue.core.config import PreemptionSettings
 from preemptible.queue.core.ledger import Ledger
-from preemptible.queue.core.model import Job, RunningJob
+from preemptible.queue.core.model import Job, RunningJob, VictimKind
 from preemptible.queue.core.negotiation import grace_seconds, min_runtime_seconds
 from preemptible.queue.core.policy import Policy, VictimOrder
 from preemptible.queue.core.quota import (
@@ -44,13 +44,7 @@ from preemptible.queue.core.quota import (
 )
 from preemptible.queue.core.resources import Amounts
 from preemptible.queue.core.state import ClusterState
-from preemptible.queue.core.victim_sets import (
-    Candidate,
-    Victim,
-    VictimKind,
-    VictimPlan,
-    cheapest_set,
-)
+from preemptible.queue.core.victim_sets import Candidate, Victim, VictimPlan, cheapest_set
 
 __all__ = [
     "Candidate",

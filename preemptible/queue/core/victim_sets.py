@@ -18,15 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
-from preemptible.queue.core.model import Job, Queue, RunningJob
+from preemptible.queue.core.model import Job, Queue, RunningJob, VictimKind
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.quota import QuotaVerdict, check_quota
 from preemptible.queue.core.resources import TOLERANCE, Amounts, HasAmounts, values
-
-VictimKind = Literal["reclaim", "tier", "loan", "beyond_limit"]
-"""Why a job may be preempted (`preemption.py`'s module docstring)."""
 
 
 class Candidate(NamedTuple):
