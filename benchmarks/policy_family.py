@@ -239,7 +239,7 @@ def lost_by_kind(draws: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
 def gain_per_lost(draws: list[dict[str, Any]]) -> dict[str, float]:
     """Where ours misses goal 4 only for losing more than half of what kueue loses: per draw,
     the useful GPU-hours ours delivers beyond kueue's while jobs arrive (the goodput goal's
-    window), per GPU-hour ours loses. Kueue loses less there by leaving GPUs idle."""
+    window), per GPU-hour ours loses; above 0 where ours' goodput is above kueue's."""
     out = {}
     for d in draws:
         lost = d["goals"]["lost"]
