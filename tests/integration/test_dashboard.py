@@ -143,6 +143,12 @@ class Page:
         self.page.goto(f"{self.url}/")
         self.page.fill("#token", token)
         self.page.click("#sign-in-form button[type=submit]")
+        # The page keeps the token only once the server has accepted it: wait for its answer,
+        # so that a navigation right after this cannot outrun it and land signed out.
+        self.page.wait_for_function(
+            "() => document.getElementById('sign-in').hidden"
+            " || !document.getElementById('sign-in-error').hidden"
+        )
 
     def state_of(self, job_id: str) -> Any:
         return self.page.locator(f'#jobs tr[data-job="{job_id}"] .badge')
