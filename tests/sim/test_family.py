@@ -276,6 +276,32 @@ def test_a_baseline_is_judged_against_the_other_four(family):
     assert fifo["goodput"]["met"] and fifo["least_served"]["met"]
 
 
+def test_the_proposed_readings_change_only_the_peers_and_goal_4s_floor(family):
+    m = {
+        "fifo": numbers(0.90, 10, 20, 0),  # ignores tiers: best p95, no longer a peer
+        "priority": numbers(0.85, 40, 30, 0),  # best least-served, no longer a peer
+        "kueue": numbers(0.89, 25, 60, 0),  # loses nothing
+        "slurm": numbers(0.88, 20, 50, 0),
+        "preemptible": numbers(0.90, 22, 55, 49.9, delivered_gpu_h=50_000),
+    }
+    written, read = family.judge(m), family.judge(m, reading=family.PROPOSED)
+    assert written["goodput"] == read["goodput"]
+    assert written["p95_wait"]["best_policy"] == "fifo" and not written["p95_wait"]["met"]
+    assert read["p95_wait"]["best_policy"] == "slurm" and read["p95_wait"]["met"]  # 22 / 20
+    assert written["least_served"]["best_policy"] == "priority"
+    assert not written["least_served"]["met"]
+    assert read["least_served"]["best_policy"] == "slurm" and read["least_served"]["met"]
+    # 49.9 GPU-h is under 0.1% of 50,000: within the floor, though kueue lost nothing.
+    assert not written["lost"]["met"] and read["lost"]["met"] and read["lost"]["excess"] < 0
+    assert not written["all"]["met"] and read["all"]["met"]
+    m["preemptible"] = numbers(0.90, 22, 55, 50, delivered_gpu_h=50_000)
+    assert not family.judge(m, reading=family.PROPOSED)["lost"]["met"]  # 0.1% is not under
+    # kueue judged: its peers are the others that the reading names, ours among them.
+    kueue = family.judge(m, "kueue", family.PROPOSED)
+    assert kueue["least_served"]["best_policy"] == "slurm"
+    assert kueue["p95_wait"]["best_policy"] == "slurm"
+
+
 def test_counts_and_worst_draws(family):
     better = dict(ISSUE_NUMBERS, preemptible=numbers(0.92, 20, 100, 10))
     draws = [
@@ -386,6 +412,8 @@ def test_the_command_replays_named_draws_and_writes_json(tmp_path):
     report = json.loads(out.read_text())
     assert [d["seed"] for d in report["draws"]] == [4, 2]
     assert set(report["counts"]) == {"fifo", "priority", "kueue", "slurm", "preemptible"}
+    assert report["proposed_counts"]["preemptible"]["all"] >= 0
+    assert "under the readings proposed" in done.stdout
 
 
 def test_a_rule_switched_off_replays_ours_only_against_saved_baselines(tmp_path):
