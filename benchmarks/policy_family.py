@@ -159,12 +159,12 @@ def judge(
 
     Against the other policies: the "best baseline" is the best of the others, each wait's
     peers are the others that `reading` names for it, and the quota peer is kueue (ours where
-    kueue is judged). For ours these are exactly the baselines the goals name. Each goal gives `met`, the numbers
-    compared, and `excess`: how far past its bound the judged policy is (above 0: missed; the
-    worst draws are those with the largest): in points of goodput for goal 1, as the ratio to
-    the bound minus 1 for the waits, and for lost work as the GPU-hours lost beyond the
-    smaller bound, as a share of delivered. Goals 1 and 4 also say which of their two bounds
-    held (`vs_quota_peer`, `vs_best`, `under_1pct`).
+    kueue is judged). For ours read `AS_WRITTEN` these are exactly the baselines the goals
+    name. Each goal gives `met`, the numbers compared, and `excess`: how far past its bound the
+    judged policy is (above 0: missed; the worst draws are those with the largest): in points
+    of goodput for goal 1, as the ratio to the bound minus 1 for the waits, and for lost work
+    as the GPU-hours lost beyond the smaller bound, as a share of delivered. Goals 1 and 4
+    also say which of their two bounds held (`vs_quota_peer`, `vs_best`, `under_1pct`).
     """
     others = [p for p in metrics if p != judged]
     quota_peer = QUOTA_BASELINE if judged != QUOTA_BASELINE else OURS
