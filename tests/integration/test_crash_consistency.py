@@ -5,7 +5,7 @@ own process and is killed with a real SIGKILL at a random time: half the kills a
 its start, half while a save writes its files. After every kill, ``latest()`` must be a checkpoint
 that verifies and loads to exactly the state committed for its step, no save that returned may be
 lost, and the kill may have torn at most the one save in flight. Iterations:
-PREEMPTIBLE_CRASH_ITERATIONS (default 50) per backend.
+PREEMPTIBLE_CRASH_ITERATIONS (default 30) per backend.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.conftest import Root, s3_root
 from tests.helpers import assert_same, make_state
 from tests.integration.crash_child import save_forever
 
-ITERATIONS = int(os.environ.get("PREEMPTIBLE_CRASH_ITERATIONS", "50"))
+ITERATIONS = int(os.environ.get("PREEMPTIBLE_CRASH_ITERATIONS", "30"))
 
 
 @pytest.fixture(scope="module")

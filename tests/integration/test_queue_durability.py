@@ -15,7 +15,7 @@ restart, and once everything has drained at the end, it checks:
   client cancelled it, now and then: nothing starts after a cancel is acknowledged);
 - every attempt killed while the server was down was requeued, with a reason, in the events.
 
-The server is killed `PREEMPTIBLE_SOAK_KILLS` times (default 100, about two minutes on two
+The server is killed `PREEMPTIBLE_SOAK_KILLS` times (default 40, about a minute on two
 cores; set 1000 for the long soak). `PREEMPTIBLE_SOAK_SEED` replays a seed (printed at the
 start and in every failure); timing still differs from run to run.
 """
@@ -42,7 +42,7 @@ import pytest
 
 from .queue_server import CLI, free_port
 
-KILLS = int(os.environ.get("PREEMPTIBLE_SOAK_KILLS", "100"))
+KILLS = int(os.environ.get("PREEMPTIBLE_SOAK_KILLS", "40"))
 # About a second per kill on two cores; the long soak outlives the suite's 600 s per test.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(max(600, 300 + 3 * KILLS))]
 CONFIG = """
