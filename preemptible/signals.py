@@ -149,13 +149,13 @@ class PreemptionGuard:
             raise GuardError("this PreemptionGuard is already installed; uninstall() it first")
         self._ensure_grace()
         previous: dict[int, Handler] = {}
-        try:
-            for sig in self._signals:
+        for sig in self._signals:
+            try:
                 previous[sig] = signal.signal(sig, self._handle)
-        except (OSError, ValueError) as error:
-            for sig, handler in previous.items():
-                signal.signal(sig, restorable(handler))
-            raise GuardError(f"cannot install a handler for {sig.name}: {error}") from error
+            except (OSError, ValueError) as error:
+                for installed, handler in previous.items():
+                    signal.signal(installed, restorable(handler))
+                raise GuardError(f"cannot install a handler for {sig.name}: {error}") from error
         self._previous = previous
         self._installed = True
         return self

@@ -233,6 +233,24 @@ def test_installing_outside_the_main_thread_is_a_clear_error():
     assert "main thread" in str(errors[0])
 
 
+def test_a_failed_install_names_the_signal_that_failed_and_restores_the_others(monkeypatch):
+    before = signal.getsignal(signal.SIGTERM)
+    real_signal = signal.signal
+
+    def refuse_usr1(sig, handler):
+        if sig == signal.SIGUSR1:
+            raise OSError(22, "Invalid argument")
+        return real_signal(sig, handler)
+
+    monkeypatch.setattr(signal, "signal", refuse_usr1)
+    guard = make_guard(signals=[signal.SIGTERM, signal.SIGUSR1])
+    with pytest.raises(GuardError, match="for SIGUSR1") as caught:
+        guard.install()
+    assert "SIGTERM" not in str(caught.value)
+    assert not guard.installed
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 @pytest.mark.parametrize(
     "signals",
     [[signal.SIGKILL], [signal.SIGSTOP], [9999], []],
