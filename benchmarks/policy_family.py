@@ -7,14 +7,14 @@ as `policy_quality.py` replays). Per draw and policy it keeps:
 
 - goodput: `goodput_while_arriving`, GPU-seconds held minus GPU-seconds lost to preemption over
   the GPU-seconds the cluster offers from the first to the last submission (as the goodput goal
-  of docs/policy-evaluation.md; the drain after the last submission does not count);
+  of docs/evaluation/policy-evaluation.md; the drain after the last submission does not count);
 - overall p95 wait: the 95th percentile of every job's total time pending (requeues included);
 - least-served max wait: the largest max wait of any queue (`max_wait_least_served_s`);
 - mean JCT, lost GPU-hours, and delivered GPU-hours (held, lost work included, as
   `lost_share_of_delivered` divides by).
 
 The goals, per draw, for ours (issue 23), with waits under 60 s counted as 60 s as in
-docs/policy-evaluation.md (so that seconds against zero is no failure):
+docs/evaluation/policy-evaluation.md (so that seconds against zero is no failure):
 
 1. goodput at least kueue's and at least the best baseline's minus 2 points;
 2. overall p95 wait at most 1.1x the lowest of the four baselines';
@@ -26,7 +26,7 @@ The same goals also judge each baseline against the other four policies (ours in
 ours in kueue's place where kueue is the one judged: how much the goals ask of any policy.
 
 Beside the goals as written, the report counts them under the readings proposed in
-docs/policy-evaluation.md (`PROPOSED`): the p95 wait against the baselines that respect tiers,
+docs/evaluation/policy-evaluation.md (`PROPOSED`): the p95 wait against the baselines that respect tiers,
 the least-served max wait against those that also let work pass a blocked job (kueue, slurm),
 and lost work under 0.1% of delivered as within kueue's bound whatever kueue loses.
 
@@ -105,7 +105,7 @@ class Reading(NamedTuple):
 AS_WRITTEN = Reading((*BASELINES, OURS), TIER_RESPECTING, 0.0)
 """Issue 23's goals as written."""
 PROPOSED = Reading(TIER_RESPECTING, PASSING, 0.001)
-"""The readings proposed in docs/policy-evaluation.md: fifo ignores tiers, priority lets no
+"""The readings proposed in docs/evaluation/policy-evaluation.md: fifo ignores tiers, priority lets no
 work pass its blocked head, and where kueue loses nothing half of it allows no preemption."""
 
 
@@ -401,7 +401,7 @@ def print_report(draws: list[dict[str, Any]], wall: float, workers: int, flags: 
     print("\nevery policy judged by the same goals against the other four:")
     print_counts(c)
     proposed = counts(draws, "proposed_by_policy")
-    print("\nunder the readings proposed in docs/policy-evaluation.md:")
+    print("\nunder the readings proposed in docs/evaluation/policy-evaluation.md:")
     for goal in GOALS:
         print(_count_line(READING_TITLES[goal], proposed[OURS][goal], n))
     print(_count_line("all four", proposed[OURS]["all"], n))

@@ -57,7 +57,7 @@ import policy_family as pf  # a sibling script, not a package
 
 from preemptible.sim import TraceJob
 from preemptible.sim.family import Knobs, draw_knobs, workload
-from preemptible.sim.metrics import percentile
+from preemptible.sim.kpis import percentile
 
 TIER_BASELINES = ("priority", "kueue", "slurm")
 VERDICTS = ("reachable", "out of reach", "open")
@@ -188,7 +188,7 @@ def schedule_metrics(jobs: list[TraceJob], gpus: int, starts_s: list[float]) -> 
         j.gpus * max(0.0, min(s + j.duration_s, last) - max(s, first))
         for j, s in zip(jobs, starts_s, strict=True)
     )
-    return {  # the window as `preemptible.sim.metrics.summarize` takes it
+    return {  # the window as `preemptible.sim.kpis.summarize` takes it
         "goodput": in_window / (gpus * max(last - first, 1.0)),
         "p95_wait_s": percentile(waits, 95),
         "least_served_max_wait_s": max(waits),

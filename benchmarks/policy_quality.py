@@ -28,7 +28,7 @@ that are already further apart than that (the Chronus traces), the interval chan
 same for every policy; `--jitter-seed` picks another draw), which takes arrivals off the whole
 minutes they share with each other and with job ends, and so probes the same question there
 (it also raises lost work on Chronus: see "Why jitter raises lost work" in
-docs/policy-evaluation.md).
+docs/evaluation/policy-evaluation.md).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from preemptible import Context
-from preemptible.elastic import StepAgreement
+from preemptible.runtime.elastic import StepAgreement
 
 
 def plain_loop(n: int) -> float:

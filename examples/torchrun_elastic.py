@@ -25,8 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from preemptible import Context, ResumableSampler, preemptible
-from preemptible.elastic import init_process_group
+from preemptible import Context, ResumableSampler, init_process_group, preemptible
 
 
 def main() -> None:

@@ -16,10 +16,11 @@ if TYPE_CHECKING:
         CheckpointCost,
         Checkpointer,
         CheckpointInfo,
+        CostTracker,
         SaveHandle,
         VerifyReport,
     )
-    from preemptible.data import ResumableSampler
+    from preemptible.distributed import forget_process_groups, init_process_group
     from preemptible.errors import (
         AccessDeniedError,
         BackendNotInstalledError,
@@ -42,23 +43,27 @@ if TYPE_CHECKING:
         TraceFormatError,
         UnsupportedStateError,
     )
-    from preemptible.rng import RNGState
-    from preemptible.runtime import Context, preemptible
-    from preemptible.signals import PreemptionGuard
-    from preemptible.workers import protect_dataloader
+    from preemptible.runtime.context import Context, preemptible
+    from preemptible.runtime.rng import RNGState
+    from preemptible.runtime.sampler import ResumableSampler
+    from preemptible.runtime.signals import PreemptionGuard
+    from preemptible.runtime.workers import protect_dataloader
 
 _EXPORTS = {
     "CheckpointCost": "preemptible.checkpoint",
     "CheckpointInfo": "preemptible.checkpoint",
+    "CostTracker": "preemptible.checkpoint",
+    "forget_process_groups": "preemptible.distributed",
+    "init_process_group": "preemptible.distributed",
     "Checkpointer": "preemptible.checkpoint",
     "VerifyReport": "preemptible.checkpoint",
-    "PreemptionGuard": "preemptible.signals",
-    "protect_dataloader": "preemptible.workers",
+    "PreemptionGuard": "preemptible.runtime.signals",
+    "protect_dataloader": "preemptible.runtime.workers",
     "SaveHandle": "preemptible.checkpoint",
-    "Context": "preemptible.runtime",
-    "preemptible": "preemptible.runtime",
-    "ResumableSampler": "preemptible.data",
-    "RNGState": "preemptible.rng",
+    "Context": "preemptible.runtime.context",
+    "preemptible": "preemptible.runtime.context",
+    "ResumableSampler": "preemptible.runtime.sampler",
+    "RNGState": "preemptible.runtime.rng",
     # The whole error tree: `except preemptible.PreemptibleError` needs no other import.
     "AccessDeniedError": "preemptible.errors",
     "BackendNotInstalledError": "preemptible.errors",
@@ -95,6 +100,7 @@ __all__ = [
     "Checkpointer",
     "ConfigError",
     "Context",
+    "CostTracker",
     "GuardError",
     "JobNotFoundError",
     "JobStateError",
@@ -113,6 +119,8 @@ __all__ = [
     "UnsupportedStateError",
     "VerifyReport",
     "__version__",
+    "forget_process_groups",
+    "init_process_group",
     "preemptible",
     "protect_dataloader",
 ]

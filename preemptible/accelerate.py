@@ -1,6 +1,6 @@
 """Accelerate adapter: Accelerate's ``save_state``/``load_state`` habits on our atomic store.
 
-`PreemptibleAccelerator` wraps the user's `accelerate.Accelerator` (`docs/accelerate.md`):
+`PreemptibleAccelerator` wraps the user's `accelerate.Accelerator` (`docs/ways-in/accelerate.md`):
 
 - ``save_state()``/``load_state()`` keep Accelerate's naming (``checkpoint_{i}`` under
   ``project_dir/checkpoints``, the ``iteration`` counter) and ``total_limit``, and save what it
@@ -8,7 +8,7 @@
   ``register_for_checkpointing``, the RNG states and data position of every process), but each
   ``checkpoint_{i}`` is a `Checkpointer` root: atomic commit, checksums, any fsspec URL, nothing
   unpickled on load. Old checkpoints are deleted after the new one has committed; Accelerate
-  deletes them before it writes (`docs/accelerate.md` has the lines). The wrapped
+  deletes them before it writes (`docs/ways-in/accelerate.md` has the lines). The wrapped
   accelerator's own ``save_state``/``load_state`` are routed here too, so code that calls them
   keeps working and writes the safe format.
 - ``batches(loader)`` is the training loop's step boundary: on SIGTERM, SIGUSR1 or SIGINT every
@@ -48,10 +48,10 @@ from preemptible import (
     CheckpointNotFoundError,
     ConfigError,
     Context,
+    CostTracker,
     RNGState,
+    forget_process_groups,
 )
-from preemptible.checkpoint.stats import CostTracker
-from preemptible.elastic import forget_groups
 
 try:
     from accelerate.data_loader import get_sampler  # type: ignore[import-untyped]
@@ -270,7 +270,7 @@ class PreemptibleAccelerator:
             self.accelerator.state.destroy_process_group()
         except Exception as e:  # the exit code matters more than a clean teardown
             log.warning("could not destroy the process group before exiting: %r", e)
-        forget_groups()
+        forget_process_groups()
 
     def _pass_source(self, dataloader: Any) -> tuple[Iterator[Any], Any]:
         """The batches of this pass, and the skipping loader if it resumes a pass."""

@@ -1,4 +1,4 @@
-"""Atomic, verifiable checkpoints on any fsspec filesystem (`docs/design.md`).
+"""Atomic, verifiable checkpoints on any fsspec filesystem (`docs/maintainers/design.md`).
 
 Names are resolved lazily, as `preemptible`'s are: the cost records (`stats`) are read by the
 sidecar and the reporters, which never pay for importing torch.
@@ -12,17 +12,18 @@ from preemptible._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from preemptible.checkpoint.async_save import AsyncMode, SaveHandle
-    from preemptible.checkpoint.manager import Checkpointer
+    from preemptible.checkpoint.checkpointer import Checkpointer
     from preemptible.checkpoint.records import CheckpointInfo, IgnoredDir, VerifyReport
-    from preemptible.checkpoint.stats import CheckpointCost, Summary
+    from preemptible.checkpoint.stats import CheckpointCost, CostTracker, Summary
     from preemptible.checkpoint.storage import CommitMode
 
 _EXPORTS = {
     "AsyncMode": "preemptible.checkpoint.async_save",
     "CheckpointCost": "preemptible.checkpoint.stats",
     "CheckpointInfo": "preemptible.checkpoint.records",
-    "Checkpointer": "preemptible.checkpoint.manager",
+    "Checkpointer": "preemptible.checkpoint.checkpointer",
     "CommitMode": "preemptible.checkpoint.storage",
+    "CostTracker": "preemptible.checkpoint.stats",
     "IgnoredDir": "preemptible.checkpoint.records",
     "SaveHandle": "preemptible.checkpoint.async_save",
     "Summary": "preemptible.checkpoint.stats",
@@ -35,6 +36,7 @@ __all__ = [
     "CheckpointInfo",
     "Checkpointer",
     "CommitMode",
+    "CostTracker",
     "IgnoredDir",
     "SaveHandle",
     "Summary",

@@ -5,7 +5,7 @@ same staging area, and sharded tensors (DTensors) go through torch.distributed.c
 its ``dcp/`` directory; rank 0 commits a single manifest listing every rank's files only after
 all ranks report theirs durable. Every rank runs the same collectives whatever fails, so one
 rank's error becomes a `StorageError` on all ranks instead of a hang. They run on a dedicated gloo
-group (see `preemptible.elastic`); their payloads are our own file records, not checkpoint data.
+group (see `preemptible.distributed`); their payloads are our own file records, not checkpoint data.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from preemptible.checkpoint import io, sharded
 from preemptible.checkpoint.manifest import FileRecord, Manifest, step_dirname
 from preemptible.checkpoint.serialize import Flattened
 from preemptible.checkpoint.storage import CheckpointStorage, Staging
-from preemptible.elastic import rank_and_world
+from preemptible.distributed import rank_and_world
 from preemptible.errors import StorageError
 
 

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from preemptible.checkpoint.manifest import SHARDED_DIR
-from preemptible.elastic import rank_and_world
+from preemptible.distributed import rank_and_world
 from preemptible.errors import CheckpointFormatError
 
 _ALLOWED: dict[tuple[str, str], Any] = {

@@ -35,7 +35,7 @@ class CheckpointCost:
 
     ``stall`` is the time the training loop was blocked by a save, known as soon as the save
     returns; ``persist`` the time until the checkpoint was durable; ``save`` is ``persist``
-    under the name the cost file uses (`docs/design.md`).
+    under the name the cost file uses (`docs/maintainers/design.md`).
     """
 
     save: Summary
@@ -47,7 +47,7 @@ class CheckpointCost:
     last_checkpoint_time: float | None
 
     def to_json(self, updated_at: float) -> dict[str, Any]:
-        """The cost-file fields of `docs/design.md` (plus a few more)."""
+        """The cost-file fields of `docs/maintainers/design.md` (plus a few more)."""
         return {
             "save_seconds_p95": self.save.p95,
             "save_seconds_mean": self.save.mean,
@@ -64,7 +64,12 @@ class CheckpointCost:
 
 
 class CostTracker:
-    """Thread-safe: background saves record from their own thread."""
+    """Records saves and restores as they happen and summarises them as a `CheckpointCost`.
+
+    Every `Checkpointer` keeps one; an adapter that spreads one run over several checkpointers
+    (`preemptible.accelerate`) keeps its own so that the run has one cost. Thread-safe:
+    background saves record from their own thread.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -50,7 +50,7 @@ def launch_command(
 
     and the workers get SIGTERM, save at their next step boundary and exit. The exit status is CMD's (128 + signum if a signal ended it), so SLURM's RequeueExit keeps working.
     """  # noqa: E501 (typer keeps line breaks in help: one paragraph per line)
-    from preemptible.launch import DEFAULT_TRANSLATED, launch
+    from preemptible.runtime.launch import DEFAULT_TRANSLATED, launch
 
     translate = (*DEFAULT_TRANSLATED, signal.SIGUSR2) if translate_usr2 else DEFAULT_TRANSLATED
     try:

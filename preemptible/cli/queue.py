@@ -24,8 +24,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from preemptible._units import fmt_duration
 from preemptible.errors import PreemptibleError
-from preemptible.units import fmt_duration
 
 URL_ENV = "PREEMPTIBLE_QUEUE_URL"
 TOKEN_ENV = "PREEMPTIBLE_TOKEN"
@@ -448,7 +448,7 @@ _EXPORT_HELP = (
     "partition per tier, preemption with requeue, GraceTime, fair-share priority), and "
     "sacctmgr.sh (an account per queue with its fair share and caps; needs slurmdbd).\n\n"
     "Each file starts with comments on what the scheduler cannot express. Without -o the "
-    "files are printed. See docs/schedulers.md."
+    "files are printed. See docs/user-guide/schedulers.md."
 )
 
 

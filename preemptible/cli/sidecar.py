@@ -3,7 +3,7 @@
     preemptible sidecar --cost-file PATH [--pod NAME --namespace NS] [--metrics-port N]
 
 Runs until SIGTERM or SIGINT, then exits 0. Bad input prints one ``error:`` line and exits 2.
-The work is `preemptible.sidecar`; this module only parses and reports.
+The work is `preemptible.runtime.sidecar`; this module only parses and reports.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import typer
 from preemptible.cli._common import fail
 from preemptible.errors import PreemptibleError
 
-# Spelled out rather than imported: `preemptible.sidecar` imports torch (through
+# Spelled out rather than imported: `preemptible.runtime.sidecar` imports torch (through
 # `preemptible.checkpoint`), which `preemptible --help` must not pay for. A test checks that
-# they equal the constants of `preemptible.cost`, `preemptible.sidecar` and the reporter.
+# they equal the constants of `preemptible.runtime.cost_file`, `preemptible.runtime.sidecar`
+# and the reporter.
 COST_FILE_ENV = "PREEMPTIBLE_COST_FILE"
 SERVICE_ACCOUNT_DIR_ENV = "PREEMPTIBLE_SERVICE_ACCOUNT_DIR"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -120,7 +121,7 @@ def sidecar_command(
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         fail(f"${LOG_LEVEL_ENV} must be DEBUG, INFO, WARNING or ERROR, got {level!r}")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from preemptible.sidecar import Sidecar, SidecarOptions, run_until_signalled
+    from preemptible.runtime.sidecar import Sidecar, SidecarOptions, run_until_signalled
 
     try:
         options = SidecarOptions(

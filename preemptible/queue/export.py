@@ -7,7 +7,7 @@ a cluster's own scheduler. These are pure functions from a `QueueConfig` to text
 Neither scheduler can say everything the config says. Rather than drop a setting silently, each
 output starts with comments that name what was not expressed and where it goes instead (the
 negotiated grace, for example, becomes the pod's `terminationGracePeriodSeconds` or a SLURM
-GraceTime that is an upper bound). docs/schedulers.md explains the mapping.
+GraceTime that is an upper bound). docs/user-guide/schedulers.md explains the mapping.
 
 Kueue: a ResourceFlavor, a Cohort holding the capacity that no queue is guaranteed, one
 ClusterQueue per queue (nominal quota, borrowing limit, fair-sharing weight, preemption), a

@@ -1,7 +1,7 @@
 """The trace simulator: the pure scheduling core replayed in virtual time (`preemptible sim`)."""
 
 from preemptible.sim.engine import SimOptions, SimResult, Simulator
-from preemptible.sim.metrics import summarize
+from preemptible.sim.kpis import summarize
 from preemptible.sim.trace import TraceJob, read_trace, write_trace
 
 __all__ = [

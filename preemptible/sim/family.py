@@ -9,7 +9,7 @@ between its values unseen; random draws cover every knob at once with a fixed bu
 
 **Load** (demand over supply) is defined exactly: the GPU-seconds of work submitted divided by
 the GPU-seconds the cluster offers over the arrival span (first to last submission), as
-`preemptible.sim.metrics.summarize` reports `demand_ratio`. The generator draws the jobs' shapes,
+`preemptible.sim.kpis.summarize` reports `demand_ratio`. The generator draws the jobs' shapes,
 scales their durations so that their GPU-seconds are `load x gpus x span`, and stretches the
 arrival times so that the first submission is at 0 and the last at the span, so the definition
 holds up to the rounding of times to 0.1 s.

@@ -24,12 +24,12 @@ from html import escape
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from preemptible._files import replace_atomically
+from preemptible._units import fmt_duration
 from preemptible._version import __version__
-from preemptible.files import replace_atomically
 from preemptible.sim.engine import SimResult
-from preemptible.sim.metrics import COMPARISON_COLUMNS, Column, format_metric
+from preemptible.sim.kpis import COMPARISON_COLUMNS, Column, format_metric
 from preemptible.sim.plots import COMPARISON_CHARTS, RUN_CHARTS, Timeline, png_bytes, timeline
-from preemptible.units import fmt_duration
 
 QUEUE_COLUMNS = (
     Column("jobs", "jobs", "count", False),
@@ -158,7 +158,7 @@ def check_writable(path: Path) -> None:
 
 
 def write_report(path: Path, page: str) -> int:
-    """Atomically replace `path` with `page` (`preemptible.files`).
+    """Atomically replace `path` with `page` (`preemptible._files`).
 
     Returns:
         The size of the file in bytes.

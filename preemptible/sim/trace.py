@@ -1,4 +1,4 @@
-"""The canonical trace format: one CSV row per job (the contract of docs/design.md).
+"""The canonical trace format: one CSV row per job (the contract of docs/maintainers/design.md).
 
 Required columns: job_id, submit_s, duration_s, gpus, queue, tier.
 Optional columns: cpus, memory_gb, estimate_s, checkpoint_s (empty cells mean "not given").

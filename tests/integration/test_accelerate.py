@@ -36,7 +36,7 @@ EXAMPLE = REPO / "examples" / "accelerate_train.py"
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
 TIMEOUT = 120
 # Accelerate 1.16 made its launcher handle SIGTERM: it passes it on and exits 128 + signum. Before,
-# the one-process launcher died of it and the torchrun launcher exited 1 (docs/accelerate.md).
+# the one-process launcher died of it and the torchrun launcher exited 1 (docs/ways-in/accelerate.md).
 LAUNCHER_EXITS_143 = Version(accelerate.__version__) >= Version("1.16")
 PER_EPOCH = 24  # 96 samples, batch 4, one process; half of it per rank with two
 
@@ -55,7 +55,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def _launch(workdir: Path, *extra: str, procs: int) -> list[str]:
     # On a machine without GPUs only --multi_gpu starts several processes (torchrun, gloo);
-    # without it --num_processes 2 runs one (docs/accelerate.md).
+    # without it --num_processes 2 runs one (docs/ways-in/accelerate.md).
     many = ["--multi_gpu"] if procs > 1 else []
     return [
         ACCELERATE,

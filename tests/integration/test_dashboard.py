@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from preemptible.queue.service import dashboard, signals
+from preemptible.queue.service import dashboard, kpis
 from preemptible.queue.service.history import SignalHistory
 from preemptible.queue.service.store import Store
 from preemptible.queue.service.views import CostView, EventView, JobState, JobView, QueueView
@@ -468,7 +468,7 @@ def test_a_log_tail_starts_at_a_whole_line(tmp_path: Path) -> None:
 
 def test_the_signal_samples_survive_a_restart_and_are_kept_a_day(tmp_path: Path) -> None:
     now = time.time()
-    stats = signals.compute([], queues=["a"], gpus=2, now=now, window_s=86400.0)  # no jobs yet
+    stats = kpis.compute([], queues=["a"], gpus=2, now=now, window_s=86400.0)  # no jobs yet
     store = Store(tmp_path)
     history = SignalHistory(store, every_s=60.0, keep_s=3600.0)
     for minutes in (-120, -30, -1, 0):

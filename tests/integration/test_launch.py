@@ -141,7 +141,7 @@ def test_a_guarded_loop_under_launch_saves_on_sigusr1(tmp_path):
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed")
 def test_sigusr1_to_launch_reaches_a_torchrun_worker_as_sigterm(tmp_path):
-    # torchrun alone dies of SIGUSR1 and orphans the worker (measured; `docs/preemption.md`).
+    # torchrun alone dies of SIGUSR1 and orphans the worker (measured; `docs/user-guide/preemption.md`).
     marker = tmp_path / "saved.json"
     proc = launch(
         "--",
@@ -162,7 +162,7 @@ def test_sigusr1_to_launch_reaches_a_torchrun_worker_as_sigterm(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM])
 def test_an_uncatchable_or_forwarded_signal_cannot_be_translated_and_no_handler_is_left(sig):
     from preemptible.errors import ConfigError
-    from preemptible.launch import launch
+    from preemptible.runtime.launch import launch
 
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(ConfigError, match=f"cannot translate {sig.name}"):
@@ -180,7 +180,7 @@ raise SystemExit(3)  # leaves without it, as torchrun does on a third SIGTERM
 
 
 def test_a_process_that_outlives_the_command_is_adopted_and_ended(tmp_path):
-    # Under SLURM's proctrack/linuxproc such an orphan escaped the job (`docs/schedulers.md`).
+    # Under SLURM's proctrack/linuxproc such an orphan escaped the job (`docs/user-guide/schedulers.md`).
     proc = launch("--kill-after", "1", "--", sys.executable, "-c", ABANDONING_PARENT)
     orphan = int(proc.stdout.readline())
     _, err = proc.communicate(timeout=TIMEOUT)

@@ -25,8 +25,8 @@ import pytest
 pytest.importorskip("kubernetes")
 
 from preemptible.checkpoint.stats import CheckpointCost, Summary
-from preemptible.cost import read_cost_file, write_cost_file
-from preemptible.reporters.kubernetes import cost_annotations
+from preemptible.runtime.cost_file import read_cost_file, write_cost_file
+from preemptible.runtime.reporters.kubernetes import cost_annotations
 from tests.k8s_api import TOKEN, FakeCluster, assert_pod_patch, fake_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -205,7 +205,7 @@ def test_the_sidecar_patches_its_pod_serves_metrics_and_exits_0_on_sigterm(
         "2026-01-01T00:03:20Z"
     )
 
-    ours = [line for line in sidecar.lines if "preemptible.sidecar:" in line]
+    ours = [line for line in sidecar.lines if "preemptible.runtime.sidecar:" in line]
     assert sum("INFO" in line and "watching" in line for line in ours) == 1
     assert sum("INFO" in line and "new cost" in line for line in ours) == 2
     assert any("SIGTERM received: stopping" in line for line in ours)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from preemptible.deadline import parse_scontrol_record
+from preemptible.runtime.deadline import parse_scontrol_record
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "integrations" / "slurm" / "local"
@@ -221,7 +221,7 @@ def test_a_job_near_its_time_limit_checkpoints_and_requeues_itself(
 
 def test_a_job_reads_its_grace_from_the_partition_and_its_signal(cluster: Path) -> None:
     probe = (
-        "from preemptible.deadline import GraceCheck, discover_grace; import os; "
+        "from preemptible.runtime.deadline import GraceCheck, discover_grace; import os; "
         "g = discover_grace(os.environ); print(g.seconds, g.source); "
         "print(GraceCheck()(g, 30.0, measured='a probe'))"
     )

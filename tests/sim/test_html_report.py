@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 import pytest
 
 from preemptible.sim.html_report import QUEUE_COLUMNS
-from preemptible.sim.metrics import COMPARISON_COLUMNS, format_metric
+from preemptible.sim.kpis import COMPARISON_COLUMNS, format_metric
 from preemptible.sim.plots import COMPARISON_CHARTS, RUN_CHARTS
 
 from .test_cli import run_cli

@@ -6,7 +6,8 @@ from datetime import datetime
 
 import pytest
 
-from preemptible.deadline import (
+from preemptible.errors import ConfigError
+from preemptible.runtime.deadline import (
     Grace,
     GraceCheck,
     _run,
@@ -16,7 +17,6 @@ from preemptible.deadline import (
     parse_scontrol_record,
     parse_signal_spec,
 )
-from preemptible.errors import ConfigError
 
 # `scontrol show job -o 7` and `scontrol show partition -o batch`, SLURM 22.05 (Debian 12), from
 # a single-node SLURM 22.05 cluster (fields as printed; paths shortened).

@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
-from preemptible.env import RunEnv, check_signal_setup, parse_signal_list
 from preemptible.errors import ConfigError
+from preemptible.runtime.env import RunEnv, check_signal_setup, parse_signal_list
 
 # What a torchrun worker sees (rank 1, attempt 1, --rdzv-id=job42), measured under torch 2.13.
 TORCHRUN_WORKER = {

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from preemptible.errors import ConfigError
-from preemptible.interval import SaveSchedule, young_daly_seconds
+from preemptible.runtime.interval import SaveSchedule, young_daly_seconds
 
 
 def test_young_daly_is_sqrt_2cm():

@@ -20,10 +20,10 @@ import typer
 import yaml
 
 from preemptible.cli import app
-from preemptible.cost import COST_FILE_ENV
-from preemptible.deadline import POD_GRACE_ENV
-from preemptible.reporters.kubernetes import SERVICE_ACCOUNT_DIR
-from preemptible.sidecar import SidecarOptions
+from preemptible.runtime.cost_file import COST_FILE_ENV
+from preemptible.runtime.deadline import POD_GRACE_ENV
+from preemptible.runtime.reporters.kubernetes import SERVICE_ACCOUNT_DIR
+from preemptible.runtime.sidecar import SidecarOptions
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 

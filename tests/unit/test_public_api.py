@@ -68,7 +68,12 @@ def test_every_error_of_the_tree_is_exported_and_derives_from_the_root():
 
 @pytest.mark.parametrize(
     "module",
-    ["preemptible.sidecar", "preemptible.reporters", "preemptible.queue_link", "preemptible.sim"],
+    [
+        "preemptible.runtime.sidecar",
+        "preemptible.runtime.reporters",
+        "preemptible.runtime.queue_link",
+        "preemptible.sim",
+    ],
 )
 def test_the_parts_that_never_touch_a_tensor_do_not_import_torch(module):
     # The sidecar runs beside every trainer: importing torch cost it 2.4 s and its memory.

@@ -20,7 +20,7 @@ import torch
 
 from preemptible import Checkpointer, Context
 from preemptible.checkpoint.stats import CostTracker
-from preemptible.queue_link import QueueLink, QueueNotice, Terms
+from preemptible.runtime.queue_link import QueueLink, QueueNotice, Terms
 
 TOKEN = "job-secret-token"
 TERMS = {"grace_s": 40.0, "min_runtime_s": 300.0, "checkpoint_interval_hint_s": 900.0}

@@ -21,10 +21,10 @@ import pytest
 pytest.importorskip("kubernetes")
 
 from preemptible.checkpoint.stats import CheckpointCost, Summary
-from preemptible.reporters import Deferred, Reporters, from_env
-from preemptible.reporters.kubernetes import PodAnnotations
-from preemptible.reporters.prometheus import PrometheusGauges
-from preemptible.reporters.slurm import SlurmComment
+from preemptible.runtime.reporters import Deferred, Reporters, from_env
+from preemptible.runtime.reporters.kubernetes import PodAnnotations
+from preemptible.runtime.reporters.prometheus import PrometheusGauges
+from preemptible.runtime.reporters.slurm import SlurmComment
 from tests.k8s_api import FakeApiServer, assert_pod_patch, fake_cluster
 
 AT = 1_767_225_600.0  # 2026-01-01T00:00:00Z

@@ -187,8 +187,8 @@ def test_a_restart_checks_the_grace_against_the_save_of_the_checkpoint_it_resume
 
 
 def test_a_negotiated_grace_that_is_too_short_points_at_the_queue_config(tmp_path):
-    from preemptible.deadline import GraceCheck
-    from preemptible.queue_link import Terms
+    from preemptible.runtime.deadline import GraceCheck
+    from preemptible.runtime.queue_link import Terms
 
     ctx = Context(tmp_path, every_steps=1)
     ctx._queue_terms(Terms(grace_s=60.0, min_runtime_s=600.0, interval_hint_s=None))

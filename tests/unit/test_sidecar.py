@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from preemptible.checkpoint.stats import CheckpointCost, CostTracker, Summary
-from preemptible.cost import read_cost_file, write_cost_file
 from preemptible.errors import ConfigError
-from preemptible.reporters import Reporters
-from preemptible.sidecar import Sidecar, SidecarOptions
+from preemptible.runtime.cost_file import read_cost_file, write_cost_file
+from preemptible.runtime.reporters import Reporters
+from preemptible.runtime.sidecar import Sidecar, SidecarOptions
 
 AT = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
@@ -280,9 +280,10 @@ def test_a_metrics_port_in_use_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_the_cli_spells_the_constants_of_the_modules() -> None:
-    from preemptible import cost, sidecar
     from preemptible.cli import sidecar as cli
-    from preemptible.reporters import kubernetes
+    from preemptible.runtime import cost_file as cost
+    from preemptible.runtime import sidecar
+    from preemptible.runtime.reporters import kubernetes
 
     assert cli.COST_FILE_ENV == cost.COST_FILE_ENV
     assert cli.SERVICE_ACCOUNT_DIR_ENV == sidecar.SERVICE_ACCOUNT_DIR_ENV

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from preemptible import signals as signals_module
-from preemptible.deadline import Grace
 from preemptible.errors import ConfigError, GuardError
-from preemptible.signals import PreemptionGuard
+from preemptible.runtime import signals as signals_module
+from preemptible.runtime.deadline import Grace
+from preemptible.runtime.signals import PreemptionGuard
 
 CAUGHT = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 

@@ -1,7 +1,7 @@
 """The pure scheduling core: snapshot + now -> decisions. No I/O, no clock, no threads.
 
 Shared by the queue service and the simulator, so what the simulator shows is what the service
-does. See `cycle.py` for the phases and `docs/scheduling.md` for the policy.
+does. See `cycle.py` for the phases and `docs/user-guide/scheduling.md` for the policy.
 """
 
 from preemptible.queue.core.config import (

@@ -1,6 +1,6 @@
 """What the queue manager grants a job in return for its measured checkpoint cost.
 
-`docs/design.md`, queue manager (contract):
+`docs/maintainers/design.md`, queue manager (contract):
 
     grace_seconds       = clamp(safety * save_p95 + margin, grace_min, grace_max)
     min_runtime_seconds = max(min_runtime, multiple * (save_p95 + restore))

@@ -1,7 +1,7 @@
 """The words of every decision's reason, in one place.
 
 `why`, the events and the dashboard show these to people: each says what happened or what the
-job waits for, in the terms of `docs/scheduling.md`. Reasons of pending jobs start with
+job waits for, in the terms of `docs/user-guide/scheduling.md`. Reasons of pending jobs start with
 "pending:", of admissions with "admitted", of notices with "preempted:".
 """
 

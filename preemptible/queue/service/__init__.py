@@ -1,1 +1,1 @@
-"""The reference queue manager: `preemptible queue serve` (docs/queue-manager.md)."""
+"""The reference queue manager: `preemptible queue serve` (docs/user-guide/queue-manager.md)."""

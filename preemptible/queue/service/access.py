@@ -1,7 +1,7 @@
 """Who may call what: the checks the routes run before they ask the manager anything.
 
 `auth.py` says who is calling (the admin, a queue, a job); this module says what that caller
-may reach (docs/design.md, "Service"): the admin everything; a queue token its own queue's jobs,
+may reach (docs/maintainers/design.md, "Service"): the admin everything; a queue token its own queue's jobs,
 and listings limited to them; a job's own token only that job's cost, notice and checkpointed
 endpoints. Each check raises `AccessDeniedError` (HTTP 403) with words that say which token
 would do, and returns nothing else but the queue a listing is limited to. The API's routes

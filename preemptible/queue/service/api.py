@@ -1,4 +1,4 @@
-"""The queue manager's HTTP API (docs/design.md, "Service"): routes, request checks, errors.
+"""The queue manager's HTTP API (docs/maintainers/design.md, "Service"): routes, request checks, errors.
 
 `create_app(manager)` wraps a `QueueManager` in a FastAPI app. This module owns the edge only:
 who is calling (`auth.py`) and what they may reach (`access.py`), the shape of requests and
@@ -447,7 +447,7 @@ def create_app(
     environ: Mapping[str, str] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
-    """The HTTP API of docs/design.md over `manager`.
+    """The HTTP API of docs/maintainers/design.md over `manager`.
 
     Args:
         manager: the queue manager (thread-safe; see `QueueManagerProtocol`).

@@ -1,6 +1,6 @@
 """Who is calling: bearer tokens per queue, one admin token, and each job's own token.
 
-Three kinds of caller (docs/design.md, "Service"): the admin sees everything; a queue token acts
+Three kinds of caller (docs/maintainers/design.md, "Service"): the admin sees everything; a queue token acts
 for its team's queue only; a job's own token (`PREEMPTIBLE_TOKEN` in the job's environment)
 reaches only that job's cost, notice and checkpointed endpoints. The queue and admin tokens come
 from the configuration as specs (`"env:TEAM_A_TOKEN"` reads the environment, anything else is

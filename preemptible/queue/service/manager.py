@@ -7,7 +7,7 @@ running ones are adopted again (pid and process start time, so a recycled pid is
 the job), and jobs that vanished while the manager was down are requeued with the reason.
 
 A run is the executor's business (`executor.py`); what the core decides is applied through
-`queue.shell.Shell`, the same code as the simulator's.
+`queue.scheduler_loop.Shell`, the same code as the simulator's.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from preemptible.queue.core.negotiation import (
     interval_hint_seconds,
     negotiate,
 )
-from preemptible.queue.service import signals
+from preemptible.queue.scheduler_loop import Leaving, Shell
+from preemptible.queue.service import kpis
 from preemptible.queue.service.executor import (
     Exit,
     ExitKind,
@@ -68,7 +69,6 @@ from preemptible.queue.service.views import (
     WhyView,
     finite_or_none,
 )
-from preemptible.queue.shell import Leaving, Shell
 
 log = logging.getLogger("preemptible.queue")
 
@@ -749,7 +749,7 @@ class QueueManager:
     def stats(self) -> StatsView:
         with self.lock:
             now = self.clock()
-            return signals.compute(
+            return kpis.compute(
                 list(self.jobs.values()),
                 queues=[q.name for q in self.config.queues],
                 gpus=self.config.cluster.gpus,

@@ -43,7 +43,7 @@ CYCLE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
 """Buckets of the API latency histogram; the last ones catch notice long-polls."""
 
-# (attribute of SignalsView, metric suffix, help): the four signals of docs/design.md.
+# (attribute of SignalsView, metric suffix, help): the four signals of docs/maintainers/design.md.
 _SIGNALS = (
     ("p95_wait_s", "wait_p95_seconds", "p95 queue wait over the window"),
     ("max_wait_s", "wait_max_seconds", "Longest queue wait over the window"),

@@ -13,7 +13,7 @@ from typing import Any
 
 
 class JobState(enum.StrEnum):
-    """A job's states (docs/design.md): preempting goes back to pending once it has exited."""
+    """A job's states (docs/maintainers/design.md): preempting goes back to pending once it has exited."""
 
     PENDING = "pending"
     RUNNING = "running"
@@ -130,7 +130,7 @@ class EventView:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SignalsView:
-    """The four signals of docs/design.md over the window, for one queue or overall."""
+    """The four signals of docs/maintainers/design.md over the window, for one queue or overall."""
 
     p95_wait_s: float
     max_wait_s: float

@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from preemptible import Checkpointer
-from preemptible.elastic import forget_groups, init_process_group
+from preemptible.distributed import forget_process_groups, init_process_group
 
 mode, root = sys.argv[1], sys.argv[2]
 init_process_group("gloo")
@@ -34,5 +34,5 @@ else:
     print(f"rank {dist.get_rank()} of {dist.get_world_size()} restored its shard", flush=True)
 # Leave together: a rank tearing down gloo while its peer still talks has aborted once in CI.
 dist.barrier()
-forget_groups()
+forget_process_groups()
 dist.destroy_process_group()

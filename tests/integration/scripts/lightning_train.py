@@ -56,7 +56,7 @@ class Model(pl.LightningModule):
         # Several processes: a DistributedSampler of our own, whose order depends on its seed
         # and the epoch only, so a resumed run fast-forwards through the same order. With
         # shuffle=True, Lightning would wrap torchdata's RandomSampler, which draws a new order
-        # from the global RNG when the epoch starts (docs/lightning.md).
+        # from the global RNG when the epoch starts (docs/ways-in/lightning.md).
         sampler = DistributedSampler(data, shuffle=True, seed=0)
         return StatefulDataLoader(data, batch_size=4, sampler=sampler)
 

@@ -1,9 +1,9 @@
 """A trace replayed through the queue manager gives exactly the simulator's decisions.
 
-Both shells apply the core's decisions through `queue.shell.Shell`; only the clock and what a
-run is differ. Here the manager runs on a virtual clock with `VirtualExecutor`, whose runs behave
-as the simulator's `aware` jobs do (a run lasts its restore plus its remaining work; on notice
-it saves for its checkpoint cost and exits), and a driver wakes the manager at the instants the
+Both shells apply the core's decisions through `queue.scheduler_loop.Shell`; only the clock and what
+a run is differ. Here the manager runs on a virtual clock with `VirtualExecutor`, whose runs behave
+as the simulator's `aware` jobs do (a run lasts its restore plus its remaining work; on notice it
+saves for its checkpoint cost and exits), and a driver wakes the manager at the instants the
 simulator wakes its own loop. Every admission and notice (time, job, reason, grace), every run's
 start and end, and every job's end must then be the same.
 
@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from preemptible.queue.core import POLICIES, Admit, Preempt, RunningJob, parse_config
+from preemptible.queue.scheduler_loop import Leaving
 from preemptible.queue.service.executor import Exit, ExitKind, LaunchSpec, ProcessHandle
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.store import Store
 from preemptible.queue.service.views import CostView, JobState, SubmitRequest
-from preemptible.queue.shell import Leaving
 from preemptible.sim.engine import SimOptions, Simulator
 from preemptible.sim.synth import generate
 from preemptible.sim.trace import TraceJob

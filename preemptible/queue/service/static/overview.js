@@ -3,7 +3,7 @@
 import { gpuTiles, queueColor, sparkline } from "./charts.js";
 import { duration, el, number, ordinal, percent, replace, table } from "./dom.js";
 
-// The four signals of docs/design.md §5, as [label, field, format].
+// The four signals of docs/maintainers/design.md §5, as [label, field, format].
 const SIGNALS = [
   ["p95 wait", "p95_wait_s", duration],
   ["utilisation", "utilization", percent],

@@ -25,7 +25,7 @@ class RNGState:
             "numpy": np.random.get_state(),
             "torch": torch.get_rng_state(),
         }
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             state["cuda"] = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
         return state
 

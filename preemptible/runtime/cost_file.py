@@ -2,8 +2,8 @@
 
 Written atomically (temp file in the same directory, fsync, ``os.replace``) after every save, so
 a reader never sees half a file: it opens either the old file or the new one. Fields:
-`docs/design.md` (SDK, cost). `read_cost_file` is the inverse, for the sidecar
-(`preemptible.sidecar`), which runs in another container and has only the file.
+`docs/maintainers/design.md` (SDK, cost). `read_cost_file` is the inverse, for the sidecar
+(`preemptible.runtime.sidecar`), which runs in another container and has only the file.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from preemptible._files import replace_atomically
 from preemptible.checkpoint.stats import CheckpointCost, Summary
 from preemptible.errors import ConfigError
-from preemptible.files import replace_atomically
 
 COST_FILE_ENV = "PREEMPTIBLE_COST_FILE"
 
@@ -42,7 +42,7 @@ def read_cost_file(path: str | os.PathLike[str]) -> CheckpointCost:
 
     The file keeps fewer numbers than `CheckpointCost`: what it does not hold (the last stall,
     the mean and p95 of restores, the sample counts of stalls and restores) reads back as 0.
-    The fields `docs/design.md` promises are required; ``save_seconds_mean``,
+    The fields `docs/maintainers/design.md` promises are required; ``save_seconds_mean``,
     ``save_seconds_last`` and ``stall_seconds_mean`` are read when present.
 
     Raises:

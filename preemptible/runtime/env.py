@@ -2,7 +2,7 @@
 
 `RunEnv` is read once from the environment (torchrun's, SLURM's and Kubernetes' variables)
 and never changes. `check_signal_setup` turns known failure modes of these stacks into
-warnings a human can act on, measured on our machines (`docs/preemption.md`): torchrun
+warnings a human can act on, measured on our machines (`docs/user-guide/preemption.md`): torchrun
 SIGKILLs its workers ``--shutdown-timeout`` seconds (30 by default) after forwarding a SIGTERM,
 and dies of SIGUSR1 without forwarding it, which orphans the workers.
 """
@@ -143,7 +143,7 @@ def parse_signal_list(raw: str, name: str = "signal list") -> tuple[signal.Signa
 def check_signal_setup(run_env: RunEnv, save_seconds_p95: float | None) -> list[str]:
     """Warn about launch setups that lose the final checkpoint; each warning says how to fix it.
 
-    Whether the grace period fits a save is `preemptible.deadline.GraceCheck`'s job.
+    Whether the grace period fits a save is `preemptible.runtime.deadline.GraceCheck`'s job.
 
     Args:
         run_env: The environment, from `RunEnv.from_env`.

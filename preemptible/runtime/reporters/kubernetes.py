@@ -24,7 +24,7 @@ from typing import Any
 
 from preemptible.checkpoint import CheckpointCost
 from preemptible.errors import BackendNotInstalledError, ConfigError
-from preemptible.reporters import Deferred, ReporterDisabled
+from preemptible.runtime.reporters import Deferred, ReporterDisabled
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 PREFIX_ENV = "PREEMPTIBLE_ANNOTATION_PREFIX"
@@ -40,7 +40,7 @@ def in_pod(env: Mapping[str, str], service_account_dir: str = SERVICE_ACCOUNT_DI
 
 
 def cost_annotations(cost: CheckpointCost, prefix: str = DEFAULT_PREFIX) -> dict[str, str]:
-    """The annotation values for `cost` (`docs/design.md`, SDK cost)."""
+    """The annotation values for `cost` (`docs/maintainers/design.md`, SDK cost)."""
     values = {
         "save-seconds-p95": f"{cost.save.p95:.3f}",
         "restore-seconds": f"{cost.restore.last:.3f}",

@@ -1,9 +1,9 @@
 """The sidecar: the trainer's cost file, sent on to the pod's annotations and to ``/metrics``.
 
 The trainer writes its measured cost to a file on a volume it shares with this container
-(`preemptible.cost`); the sidecar watches the file and hands each new cost to the reporters
-(`preemptible.reporters`). So the trainer needs no API credentials: only the sidecar mounts a
-service-account token, and its RBAC allows nothing but ``patch`` on pods
+(`preemptible.runtime.cost_file`); the sidecar watches the file and hands each new cost to the
+reporters (`preemptible.runtime.reporters`). So the trainer needs no API credentials: only the
+sidecar mounts a service-account token, and its RBAC allows nothing but ``patch`` on pods
 (`integrations/kubernetes/`). The alternative, the trainer patching its own pod, gives the
 training code, and everything it imports, a token.
 
@@ -33,12 +33,12 @@ from types import FrameType
 from typing import NamedTuple
 
 from preemptible.checkpoint.stats import CheckpointCost
-from preemptible.cost import read_cost_file
 from preemptible.errors import BackendNotInstalledError, ConfigError
-from preemptible.reporters import Reporter, Reporters
-from preemptible.reporters.kubernetes import SERVICE_ACCOUNT_DIR
+from preemptible.runtime.cost_file import read_cost_file
+from preemptible.runtime.reporters import Reporter, Reporters
+from preemptible.runtime.reporters.kubernetes import SERVICE_ACCOUNT_DIR
 
-log = logging.getLogger("preemptible.sidecar")
+log = logging.getLogger("preemptible.runtime.sidecar")
 
 SERVICE_ACCOUNT_DIR_ENV = "PREEMPTIBLE_SERVICE_ACCOUNT_DIR"
 """Where the sidecar reads its service account (token, ``ca.crt``, namespace); tests set it."""
@@ -261,7 +261,7 @@ def _pod_annotations(options: SidecarOptions, env: Mapping[str, str]) -> tuple[R
             "the sidecar patches pod annotations with the kubernetes client: "
             "pip install 'preemptible[k8s]' (or pass --no-annotations to serve only /metrics)"
         ) from exc
-    from preemptible.reporters.kubernetes import PodAnnotations
+    from preemptible.runtime.reporters.kubernetes import PodAnnotations
 
     sa = options.service_account_dir
     if not (env.get("KUBERNETES_SERVICE_HOST") and env.get("KUBERNETES_SERVICE_PORT")):
@@ -292,7 +292,7 @@ def _pod_annotations(options: SidecarOptions, env: Mapping[str, str]) -> tuple[R
 
 
 def _gauges(port: int, addr: str) -> tuple[Reporter, str]:
-    from preemptible.reporters.prometheus import PrometheusGauges
+    from preemptible.runtime.reporters.prometheus import PrometheusGauges
 
     gauges = PrometheusGauges()
     try:

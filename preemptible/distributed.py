@@ -1,15 +1,15 @@
-"""torch.distributed glue: agreeing on the stop step, and the process groups checkpoints use.
+"""Process groups for the checkpoint store and the training loop, below both.
 
-Every rank must stop (and save) at the same step, or the checkpoint mixes steps and the
-collectives of the next step hang. A notice may reach one rank only (SLURM signals one task,
-torchrun forwards to its own workers), and time-based saves read a clock that differs per rank,
-so at each step boundary the ranks all-reduce two flags with MAX: "stop?" and "save?".
+Background saves and the stop-step agreement run their collectives on gloo groups of their own:
+gloo works whatever the training backend is (no GPU sync for NCCL), and a group per purpose
+keeps these collectives from interleaving with the model's or with each other's (a background
+save runs its collectives from a thread while the main thread runs the loop's). Groups are
+created lazily, in the main thread, at points every rank reaches in the same order (the first
+step boundary, the first save). Without ``torch.distributed`` every helper here is a one-rank
+no-op.
 
-The flags travel on a dedicated gloo group: it works whatever the training backend is (no GPU
-sync for NCCL), and it keeps these collectives from interleaving with the model's. Background
-saves use yet another gloo group, because they run collectives from a thread while the main
-thread runs its own. Groups are created lazily, in the main thread, at points every rank reaches
-in the same order (the first step boundary, the first save).
+Public: `init_process_group` for training scripts under torchrun, `forget_process_groups` for
+adapters that destroy the process group themselves; the rest serves the package.
 """
 
 from __future__ import annotations
@@ -18,8 +18,15 @@ import os
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
+
+__all__ = [
+    "forget_process_groups",
+    "gloo_group",
+    "init_process_group",
+    "is_distributed",
+    "rank_and_world",
+]
 
 _groups: dict[str, Any] = {}
 
@@ -41,7 +48,8 @@ def init_process_group(
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_seconds), **kwargs)
         return
     attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-    client = dist.TCPStore(
+    # TCPStore and PrefixStore are missing from torch.distributed's __all__, hence the ignores.
+    client = dist.TCPStore(  # type: ignore[attr-defined]
         env["MASTER_ADDR"],
         int(env["MASTER_PORT"]),
         is_master=False,
@@ -49,7 +57,7 @@ def init_process_group(
     )
     dist.init_process_group(
         backend,
-        store=dist.PrefixStore(f"preemptible/attempt_{attempt}", client),
+        store=dist.PrefixStore(f"preemptible/attempt_{attempt}", client),  # type: ignore[attr-defined]
         rank=int(env["RANK"]),
         world_size=int(env["WORLD_SIZE"]),
         timeout=timedelta(seconds=timeout_seconds),
@@ -58,10 +66,12 @@ def init_process_group(
 
 
 def is_distributed() -> bool:
+    """True when more than one rank takes part."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def rank_and_world() -> tuple[int, int]:
+    """This rank and the world size; (0, 1) without an initialised process group."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -76,26 +86,6 @@ def gloo_group(purpose: str) -> Any:
     return group
 
 
-def forget_groups() -> None:
-    """Drop cached groups (after ``destroy_process_group``)."""
+def forget_process_groups() -> None:
+    """Drop the cached groups; call it after ``destroy_process_group``, before a new group."""
     _groups.clear()
-
-
-class StepAgreement:
-    """One small all-reduce per step boundary; a no-op without torch.distributed."""
-
-    def agree(self, stop: bool, save: bool) -> tuple[bool, bool]:
-        if not is_distributed():
-            return stop, save
-        flags = torch.tensor([int(stop), int(save)], dtype=torch.int32)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=gloo_group("agreement"))
-        return bool(flags[0]), bool(flags[1])
-
-    def same_step(self, step: int | None) -> int | None:
-        """The step every rank can restore: the minimum over ranks (None if any has none)."""
-        if not is_distributed():
-            return step
-        value = torch.tensor([-1 if step is None else step], dtype=torch.int64)
-        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=gloo_group("agreement"))
-        agreed = int(value.item())
-        return None if agreed < 0 else agreed

@@ -1,8 +1,9 @@
 """Reporters: the measured checkpoint cost sent, after each save, to every sink the job has.
 
-The cost file and the queue manager are written by `Context` itself (`preemptible.cost`,
-`preemptible.queue_link`); the sinks here are the pod's annotations (`kubernetes`), the SLURM
-job's comment (`slurm`) and Prometheus gauges (`prometheus`). `from_env` picks the ones the
+The cost file and the queue manager are written by `Context` itself
+(`preemptible.runtime.cost_file`, `preemptible.runtime.queue_link`); the sinks here are the pod's
+annotations (`kubernetes`), the SLURM job's comment (`slurm`) and Prometheus gauges
+(`prometheus`). `from_env` picks the ones the
 environment offers, and ``PREEMPTIBLE_REPORTERS`` overrides the choice.
 
 `Reporters` runs them on one background thread, so that a slow API server never blocks a
@@ -230,7 +231,7 @@ def from_env(env: Mapping[str, str]) -> Reporters:
     is set and ``scontrol`` is on the PATH; ``prometheus`` when ``PREEMPTIBLE_METRICS_PORT`` is
     set. A reporter that cannot be built is logged and skipped.
     """
-    from preemptible.reporters import kubernetes, prometheus, slurm
+    from preemptible.runtime.reporters import kubernetes, prometheus, slurm
 
     builders: dict[str, Callable[[Mapping[str, str]], Reporter | None]] = {
         "kubernetes": kubernetes.PodAnnotations.from_env,

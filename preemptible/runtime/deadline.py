@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from preemptible.env import seconds_from_env
 from preemptible.errors import ConfigError
+from preemptible.runtime.env import seconds_from_env
 
 GRACE_ENV = "PREEMPTIBLE_GRACE_SECONDS"
 """Grace period in seconds, set by the queue manager or the user; beats every other source."""

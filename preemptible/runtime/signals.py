@@ -36,8 +36,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, NamedTuple
 
-from preemptible.deadline import Grace, discover_grace
 from preemptible.errors import ConfigError, GuardError
+from preemptible.runtime.deadline import Grace, discover_grace
 
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 """Kubernetes and the queue manager send SIGTERM, SLURM ``--signal`` USR1, a terminal SIGINT."""
@@ -106,7 +106,7 @@ class PreemptionGuard:
         Args:
             signals: The signals that count as notices.
             grace_seconds: The grace period, if the caller knows it; else it is discovered from
-                the environment (see `preemptible.deadline`) when first needed.
+                the environment (see `preemptible.runtime.deadline`) when first needed.
             env: The environment to discover the grace from; ``os.environ`` by default.
             clock: Wall-clock source (epoch seconds); tests pass a fake one.
 
@@ -240,7 +240,7 @@ class PreemptionGuard:
     def set_grace(self, seconds: float, source: str, *, fix: str = "") -> None:
         """A grace better informed than the environment's (the one the queue manager
         negotiated) replaces it; a grace given to the constructor still wins. ``fix`` says
-        what would lengthen it (see `preemptible.deadline.Grace.fix`)."""
+        what would lengthen it (see `preemptible.runtime.deadline.Grace.fix`)."""
         if not (0 <= seconds < float("inf")):
             raise ConfigError(f"grace seconds must be a finite number >= 0, got {seconds!r}")
         if self._explicit_grace is None:
@@ -296,7 +296,7 @@ class PreemptionGuard:
 
     @property
     def grace_source(self) -> str:
-        """Where `grace_seconds` came from (see `preemptible.deadline.Grace`)."""
+        """Where `grace_seconds` came from (see `preemptible.runtime.deadline.Grace`)."""
         return self._ensure_grace().source
 
     @property

@@ -2,7 +2,7 @@
 
 Why it exists. SLURM announces the end of a job with the signal of ``--signal=B:USR1@N`` (to the
 batch shell only), but torchrun handles SIGTERM/SIGINT/SIGHUP/SIGQUIT and *dies* of SIGUSR1 without
-telling its workers, which then run on as orphans and never save (`docs/preemption.md`). The
+telling its workers, which then run on as orphans and never save (`docs/user-guide/preemption.md`). The
 launcher sits between the two: it forwards SIGTERM, SIGINT and SIGHUP to the child's process group
 unchanged and translates SIGUSR1 (optionally SIGUSR2) into SIGTERM, which torchrun forwards to every
 worker. ``--kill-after`` bounds the wait with a SIGKILL to the group. The launcher exits with the
@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
-from preemptible.env import LAUNCH_ENV, LAUNCH_TRANSLATES_ENV
 from preemptible.errors import ConfigError, GuardError
-from preemptible.signals import UNCATCHABLE_SIGNALS, restorable
+from preemptible.runtime.env import LAUNCH_ENV, LAUNCH_TRANSLATES_ENV
+from preemptible.runtime.signals import UNCATCHABLE_SIGNALS, restorable
 
 FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 """Passed on to the child's process group unchanged."""

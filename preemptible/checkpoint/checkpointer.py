@@ -64,7 +64,7 @@ from preemptible.checkpoint.storage import (
     Staging,
     open_storage,
 )
-from preemptible.elastic import gloo_group, is_distributed, rank_and_world
+from preemptible.distributed import gloo_group, is_distributed, rank_and_world
 from preemptible.errors import (
     BackgroundSaveError,
     CheckpointCorruptedError,

@@ -24,17 +24,17 @@ from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 from preemptible.checkpoint import CheckpointCost, Checkpointer
-from preemptible.cost import COST_FILE_ENV, write_cost_file
-from preemptible.deadline import GRACE_SAFETY, GraceCheck
-from preemptible.elastic import StepAgreement
-from preemptible.env import RunEnv, check_signal_setup
 from preemptible.errors import ConfigError, PreemptibleError
-from preemptible.interval import SaveSchedule
-from preemptible.queue_link import QueueLink, QueueNotice, Terms
-from preemptible.reporters import Reporters
-from preemptible.reporters import from_env as reporters_from_env
-from preemptible.rng import RNGState
-from preemptible.signals import DEFAULT_SIGNALS, PreemptionGuard
+from preemptible.runtime.cost_file import COST_FILE_ENV, write_cost_file
+from preemptible.runtime.deadline import GRACE_SAFETY, GraceCheck
+from preemptible.runtime.elastic import StepAgreement
+from preemptible.runtime.env import RunEnv, check_signal_setup
+from preemptible.runtime.interval import SaveSchedule
+from preemptible.runtime.queue_link import QueueLink, QueueNotice, Terms
+from preemptible.runtime.reporters import Reporters
+from preemptible.runtime.reporters import from_env as reporters_from_env
+from preemptible.runtime.rng import RNGState
+from preemptible.runtime.signals import DEFAULT_SIGNALS, PreemptionGuard
 
 log = logging.getLogger("preemptible")
 
@@ -63,7 +63,8 @@ class Context:
         queue_link: the link to the queue manager; default: the one its variables describe
             (``$PREEMPTIBLE_QUEUE_URL``...), on rank 0 only, or none.
         reporters: where else the cost goes (pod annotations, SLURM comment, Prometheus);
-            default: what the environment offers (`preemptible.reporters.from_env`), rank 0 only.
+            default: what the environment offers (`preemptible.runtime.reporters.from_env`),
+            rank 0 only.
         grace_safety: warn when the grace period is shorter than this many saves (p95), at
             start and after each save, saying which setting to change.
     """

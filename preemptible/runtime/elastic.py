@@ -1,0 +1,36 @@
+"""torch.distributed glue: agreeing on the stop step.
+
+Every rank must stop (and save) at the same step, or the checkpoint mixes steps and the
+collectives of the next step hang. A notice may reach one rank only (SLURM signals one task,
+torchrun forwards to its own workers), and time-based saves read a clock that differs per rank,
+so at each step boundary the ranks all-reduce two flags with MAX: "stop?" and "save?".
+
+The flags travel on a gloo group of their own (`preemptible.distributed` says why).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from preemptible.distributed import gloo_group, is_distributed
+
+
+class StepAgreement:
+    """One small all-reduce per step boundary; a no-op without torch.distributed."""
+
+    def agree(self, stop: bool, save: bool) -> tuple[bool, bool]:
+        if not is_distributed():
+            return stop, save
+        flags = torch.tensor([int(stop), int(save)], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=gloo_group("agreement"))
+        return bool(flags[0]), bool(flags[1])
+
+    def same_step(self, step: int | None) -> int | None:
+        """The step every rank can restore: the minimum over ranks (None if any has none)."""
+        if not is_distributed():
+            return step
+        value = torch.tensor([-1 if step is None else step], dtype=torch.int64)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=gloo_group("agreement"))
+        agreed = int(value.item())
+        return None if agreed < 0 else agreed
