@@ -5,13 +5,6 @@ PIP     := $(VENV)/bin/pip
 STAMP   := $(VENV)/.installed
 # torch first and pinned: a bare `torch` may resolve a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
-# Packages held to mypy --strict (`make typecheck`); settings in pyproject.toml [tool.mypy].
-TYPED   ?= preemptible/checkpoint preemptible/queue preemptible/cli/queue.py preemptible/queue_link.py \
-           preemptible/reporters preemptible/lightning.py preemptible/sidecar.py preemptible/cost.py \
-           preemptible/cli/sidecar.py preemptible/deadline.py preemptible/launch.py \
-           preemptible/accelerate.py preemptible/runtime.py preemptible/sim/family.py \
-           preemptible/sim/html_report.py preemptible/sim/plots.py preemptible/sim/metrics.py \
-           preemptible/units.py preemptible/files.py preemptible/_lazy.py
 
 .PHONY: venv test test-fast lint format typecheck docs demo demo-checkpoint bench clean
 
@@ -32,12 +25,12 @@ format: venv
 	$(VENV)/bin/ruff format .
 
 typecheck: venv
-	$(VENV)/bin/mypy --strict $(TYPED)
+	$(VENV)/bin/mypy --strict preemptible
 
 test: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy --strict $(TYPED)
+	$(VENV)/bin/mypy --strict preemptible
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 test-fast: venv

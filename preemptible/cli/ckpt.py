@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -19,6 +19,9 @@ from rich.table import Table
 
 from preemptible.cli._common import fail, human_bytes
 from preemptible.errors import ConfigError, PreemptibleError
+
+if TYPE_CHECKING:
+    from preemptible import Checkpointer
 
 app = typer.Typer(
     help="List, verify and inspect checkpoints under a root (a local path or any fsspec URL).",
@@ -44,7 +47,7 @@ EndpointOpt = Annotated[
 ]
 
 
-def _checkpointer(root: str, options: list[str] | None, endpoint_url: str | None):
+def _checkpointer(root: str, options: list[str] | None, endpoint_url: str | None) -> Checkpointer:
     from preemptible import Checkpointer
 
     storage_options: dict[str, Any] = {}
@@ -104,8 +107,8 @@ def list_(
         extra = Table(title="ignored (garbage-collected once stale)", title_justify="left")
         extra.add_column("name")
         extra.add_column("reason")
-        for i in ignored:
-            extra.add_row(i.name, i.reason)
+        for entry in ignored:
+            extra.add_row(entry.name, entry.reason)
         out.print(extra)
     elif ignored:
         out.print(

@@ -18,8 +18,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from preemptible._units import fmt_duration
 from preemptible.errors import PreemptibleError
-from preemptible.units import fmt_duration
 
 app = typer.Typer(
     help="Replay a job trace through the scheduling policies in virtual time.",
@@ -152,7 +152,7 @@ def run_sim(
         for name in names:
             task = bar.add_task(name, total=len(jobs)) if bar else None
 
-            def tick(done: int, total: int, task=task) -> None:
+            def tick(done: int, total: int, task: Any = task) -> None:
                 if bar is not None:
                     bar.update(task, completed=done)
 
@@ -212,7 +212,7 @@ def _print_tables(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from preemptible.sim.metrics import COMPARISON_COLUMNS, format_metric
+    from preemptible.sim.kpis import COMPARISON_COLUMNS, format_metric
 
     console = Console()
     if not console.is_terminal:

@@ -36,7 +36,7 @@ from preemptible.queue.core import (
     RunningJob,
     Tier,
 )
-from preemptible.queue.shell import Leaving, Shell
+from preemptible.queue.scheduler_loop import Leaving, Shell
 from preemptible.sim.trace import TraceJob
 
 _ARRIVE, _EXIT, _FINISH = 0, 1, 2
@@ -213,7 +213,7 @@ class Simulator:
         if self.progress:
             self.progress(total, total)
         end = max((r.end_s or 0.0) for r in self.records.values()) if self.records else 0.0
-        result = SimResult(
+        outcome = SimResult(
             policy=self.policy.name,
             records=list(self.records.values()),
             gpus=self.config.cluster.gpus,
@@ -224,8 +224,8 @@ class Simulator:
             cycles=cycles,
             fragmentation_mean=frag_sum / cycles if cycles else 0.0,
         )
-        _timeline(result, self.options.timeline_bins)
-        return result
+        _timeline(outcome, self.options.timeline_bins)
+        return outcome
 
     # --- events ------------------------------------------------------------------------------
 

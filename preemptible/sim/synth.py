@@ -63,15 +63,15 @@ def generate(
     span = gpu_s / (load * gpus)
     times = wave_times(len(shapes), span, rng)
     out: list[TraceJob] = []
-    for (team, batch), at in zip(shapes, times, strict=True):
+    for (queue, batch), at in zip(shapes, times, strict=True):
         for i, (duration, g, tier, ckpt, estimate) in enumerate(batch):
             out.append(
                 TraceJob(
-                    job_id=f"{team}-{len(out):06d}",
+                    job_id=f"{queue}-{len(out):06d}",
                     submit_s=round(at + i * 0.5, 1),
                     duration_s=round(duration, 1),
                     gpus=g,
-                    queue=team,
+                    queue=queue,
                     tier=tier,
                     estimate_s=None if estimate is None else round(estimate, 1),
                     checkpoint_s=ckpt,
