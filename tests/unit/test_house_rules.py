@@ -1,0 +1,88 @@
+"""The rules of the house (docs/maintainers/design.md), read from the imports of every module.
+
+A rule broken on purpose in a copy of the package must be caught: the last test shows the check
+can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import preemptible
+
+ROOT = Path(__file__).resolve().parents[2]
+# Where adapters and examples may import from: the public face, and the CLI the demo prints with.
+PUBLIC = ("preemptible", "preemptible.errors", "preemptible.lightning", "preemptible.accelerate",
+          "preemptible.distributed", "preemptible.cli")  # fmt: skip
+RULES = (  # (files under, imports that start with any of these are forbidden)
+    ("preemptible/queue", ("preemptible.runtime", "preemptible.checkpoint", "torch",
+                           "preemptible.distributed", "preemptible.lightning",
+                           "preemptible.accelerate")),
+    ("preemptible/checkpoint", ("preemptible.runtime", "preemptible.lightning",
+                                "preemptible.accelerate")),
+    ("preemptible/queue/service", ("preemptible.sim",)),
+)  # fmt: skip
+ADAPTERS = ("preemptible/lightning.py", "preemptible/accelerate.py", "examples")
+
+
+def imports(path: Path, root: Path) -> list[tuple[str, str]]:
+    """(module, name) for every import in a file; name is "" for `import module`."""
+    found: list[tuple[str, str]] = []
+    package = ".".join(path.relative_to(root).parts[:-1])
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, "") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            found += [(module, alias.name) for alias in node.names]
+    return found
+
+
+def broken_rules(root: Path) -> list[str]:
+    """Every import in `root` that breaks a rule, as "file: module.name (the rule)"."""
+    broken = []
+    for under, forbidden in RULES:
+        for path in sorted((root / under).rglob("*.py")):
+            for module, name in imports(path, root):
+                full = f"{module}.{name}" if name else module
+                if any(full == f or full.startswith(f + ".") for f in forbidden):
+                    broken.append(f"{path.relative_to(root)}: {full} (not from {under})")
+    for place in ADAPTERS:
+        paths = [root / place] if place.endswith(".py") else sorted((root / place).rglob("*.py"))
+        for path in paths:
+            for module, name in imports(path, root):
+                if not (module == "preemptible" or module.startswith("preemptible.")):
+                    continue
+                public = module in PUBLIC or module.startswith("preemptible.cli.")
+                private = any(part.startswith("_") for part in f"{module}.{name}".split("."))
+                unexported = module == "preemptible" and name not in preemptible.__all__
+                if not public or private or unexported:
+                    what = f"{module}.{name}" if name else module
+                    broken.append(f"{path.relative_to(root)}: {what} (not a public name)")
+    return broken
+
+
+def test_every_rule_of_the_house_holds():
+    assert broken_rules(ROOT) == []
+
+
+def test_each_rule_broken_on_purpose_is_caught(tmp_path):
+    for place in ("preemptible", "examples"):
+        shutil.copytree(
+            ROOT / place, tmp_path / place, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    breaks = {
+        "preemptible/queue/core/model.py": "import torch\n",
+        "preemptible/queue/service/views.py": "from ...sim import engine\n",
+        "preemptible/checkpoint/records.py": "from preemptible.runtime import context\n",
+        "preemptible/accelerate.py": "from preemptible.checkpoint.stats import CostTracker\n",
+        "examples/plain_pytorch.py": "from preemptible import _lazy\n",
+    }
+    for file, line in breaks.items():
+        path = tmp_path / file
+        path.write_text(path.read_text() + line)
+    found = broken_rules(tmp_path)
+    assert sorted(entry.split(":")[0] for entry in found) == sorted(breaks)
