@@ -141,7 +141,8 @@ class PreemptionCallback(Callback):
 
     The guard is installed in ``setup``, before Lightning registers its own handlers, so
     Lightning leaves SIGUSR1 to us even with SLURM's ``auto_requeue``; it composes its own
-    SIGTERM handler over ours, and ``on_train_start`` takes SIGTERM back (`docs/ways-in/lightning.md`).
+    SIGTERM handler over ours, and ``on_train_start`` takes SIGTERM back
+    (`docs/ways-in/lightning.md`).
     The save goes to ``dirpath/preempted.ckpt`` via ``trainer.save_checkpoint``, hence through
     the trainer's CheckpointIO; with `PreemptibleCheckpointIO` it is atomic. The process leaves
     by raising ``SystemExit``, which Lightning turns into its teardown (``on_exception`` hooks,

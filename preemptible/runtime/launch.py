@@ -2,11 +2,11 @@
 
 Why it exists. SLURM announces the end of a job with the signal of ``--signal=B:USR1@N`` (to the
 batch shell only), but torchrun handles SIGTERM/SIGINT/SIGHUP/SIGQUIT and *dies* of SIGUSR1 without
-telling its workers, which then run on as orphans and never save (`docs/user-guide/preemption.md`). The
-launcher sits between the two: it forwards SIGTERM, SIGINT and SIGHUP to the child's process group
-unchanged and translates SIGUSR1 (optionally SIGUSR2) into SIGTERM, which torchrun forwards to every
-worker. ``--kill-after`` bounds the wait with a SIGKILL to the group. The launcher exits with the
-child's exit status (``128 + signum`` when the child was killed by a signal), so SLURM's
+telling its workers, which then run on as orphans and never save (`docs/user-guide/preemption.md`).
+The launcher sits between the two: it forwards SIGTERM, SIGINT and SIGHUP to the child's process
+group unchanged and translates SIGUSR1 (optionally SIGUSR2) into SIGTERM, which torchrun forwards to
+every worker. ``--kill-after`` bounds the wait with a SIGKILL to the group. The launcher exits with
+the child's exit status (``128 + signum`` when the child was killed by a signal), so SLURM's
 ``RequeueExit`` and shell conventions keep working.
 
 The launcher is also a *child subreaper* (Linux): a process that outlives its parent is adopted

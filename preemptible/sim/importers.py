@@ -270,11 +270,11 @@ class QuotaShortfall:
 def quota_shortfalls(jobs: Sequence[TraceJob], config: QueueConfig) -> list[QuotaShortfall]:
     """Queues with jobs that cannot run within their nominal quota, largest job first.
 
-    Such a job is a borrower whatever its queue's usage: under the nominal guarantee any
-    other queue's work within nominal quota goes before it and may reclaim it, so on a
-    saturated cluster it waits until most other queues leave their quota idle (the longest
-    waits of `docs/evaluation/policy-evaluation.md`, "Quotas against big gangs"). A configuration in which
-    no queue has a nominal quota (weights only) guarantees nothing to anyone and reports none.
+    Such a job is a borrower whatever its queue's usage: under the nominal guarantee any other
+    queue's work within nominal quota goes before it and may reclaim it, so on a saturated cluster
+    it waits until most other queues leave their quota idle (the longest waits of
+    `docs/evaluation/policy-evaluation.md`, "Quotas against big gangs"). A configuration in which no
+    queue has a nominal quota (weights only) guarantees nothing to anyone and reports none.
     """
     nominal = {q.name: q.nominal.gpus for q in config.queues}
     if not any(n > 0 for n in nominal.values()):

@@ -1,4 +1,4 @@
-"""The four signals of `docs/maintainers/design.md` plus job completion times, per queue and overall.
+"""The four signals (`docs/maintainers/design.md`) and job completion times, per queue and overall.
 
 - p95 / max queue wait: total time a job spent pending, requeues included;
 - utilisation: GPU-seconds held / GPU-seconds available over the horizon (first submit to last
@@ -71,7 +71,9 @@ def _metrics(records: Sequence[JobRecord], available_gpu_s: float, hours: float)
 
 
 def summarize(result: SimResult) -> dict[str, Any]:
-    """`{"overall": M, "queues": {name: M}}` in the `--json` schema of `docs/maintainers/design.md`."""
+    """`{"overall": M, "queues": {name: M}}` in the `--json` schema of
+    `docs/maintainers/design.md`.
+    """
     horizon = max(result.end_s - result.start_s, 1e-9)
     available = result.gpus * horizon
     hours = horizon / 3600.0

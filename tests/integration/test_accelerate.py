@@ -36,7 +36,8 @@ EXAMPLE = REPO / "examples" / "accelerate_train.py"
 ACCELERATE = str(Path(sys.executable).parent / "accelerate")
 TIMEOUT = 120
 # Accelerate 1.16 made its launcher handle SIGTERM: it passes it on and exits 128 + signum. Before,
-# the one-process launcher died of it and the torchrun launcher exited 1 (docs/ways-in/accelerate.md).
+# the one-process launcher died of it and the torchrun launcher exited 1
+# (docs/ways-in/accelerate.md).
 LAUNCHER_EXITS_143 = Version(accelerate.__version__) >= Version("1.16")
 PER_EPOCH = 24  # 96 samples, batch 4, one process; half of it per rank with two
 

@@ -141,7 +141,8 @@ def test_a_guarded_loop_under_launch_saves_on_sigusr1(tmp_path):
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed")
 def test_sigusr1_to_launch_reaches_a_torchrun_worker_as_sigterm(tmp_path):
-    # torchrun alone dies of SIGUSR1 and orphans the worker (measured; `docs/user-guide/preemption.md`).
+    # torchrun alone dies of SIGUSR1 and orphans the worker (measured;
+    # `docs/user-guide/preemption.md`).
     marker = tmp_path / "saved.json"
     proc = launch(
         "--",
@@ -180,7 +181,8 @@ raise SystemExit(3)  # leaves without it, as torchrun does on a third SIGTERM
 
 
 def test_a_process_that_outlives_the_command_is_adopted_and_ended(tmp_path):
-    # Under SLURM's proctrack/linuxproc such an orphan escaped the job (`docs/user-guide/schedulers.md`).
+    # Under SLURM's proctrack/linuxproc such an orphan escaped the job
+    # (`docs/user-guide/schedulers.md`).
     proc = launch("--kill-after", "1", "--", sys.executable, "-c", ABANDONING_PARENT)
     orphan = int(proc.stdout.readline())
     _, err = proc.communicate(timeout=TIMEOUT)

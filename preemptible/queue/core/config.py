@@ -1,4 +1,4 @@
-"""The queue configuration of docs/maintainers/design.md, parsed from TOML text or an already-loaded dict.
+"""The queue configuration (docs/maintainers/design.md), parsed from TOML text or a dict.
 
 Parsing is pure: the shell reads the file (and resolves `gpus = "auto"` and `env:` tokens), this
 module only checks values and turns durations like "30s", "5m", "2h", "7d" into seconds. Every
@@ -50,7 +50,9 @@ class PolicySettings:
     aging_s: float = 3600.0
     """Waiting this long is worth one fair-share unit (a tier is never crossed)."""
     aging_max_units: float = 2.0
-    """Aging credit stops growing at this many fair-share units (see docs/user-guide/scheduling.md)."""
+    """Aging credit stops growing at this many fair-share units (see
+    docs/user-guide/scheduling.md).
+    """
     starvation_limit_s: float = 2 * 86400.0
     """Past this wait a job goes first in its tier whatever its queue's share; 0 = off."""
     backfill: bool = True

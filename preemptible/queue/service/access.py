@@ -1,13 +1,13 @@
 """Who may call what: the checks the routes run before they ask the manager anything.
 
-`auth.py` says who is calling (the admin, a queue, a job); this module says what that caller
-may reach (docs/maintainers/design.md, "Service"): the admin everything; a queue token its own queue's jobs,
-and listings limited to them; a job's own token only that job's cost, notice and checkpointed
-endpoints. Each check raises `AccessDeniedError` (HTTP 403) with words that say which token
-would do, and returns nothing else but the queue a listing is limited to. The API's routes
-(`api.py`) and the dashboard's (`dashboard_api.py`) call the same checks, so a rule cannot
-differ between them. Rejected alternative: one FastAPI dependency per rule, which would have to
-re-read the job id from the path and hides from a route's body which rule it runs.
+`auth.py` says who is calling (the admin, a queue, a job); this module says what that caller may
+reach (docs/maintainers/design.md, "Service"): the admin everything; a queue token its own queue's
+jobs, and listings limited to them; a job's own token only that job's cost, notice and checkpointed
+endpoints. Each check raises `AccessDeniedError` (HTTP 403) with words that say which token would
+do, and returns nothing else but the queue a listing is limited to. The API's routes (`api.py`) and
+the dashboard's (`dashboard_api.py`) call the same checks, so a rule cannot differ between them.
+Rejected alternative: one FastAPI dependency per rule, which would have to re-read the job id from
+the path and hides from a route's body which rule it runs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The queue manager's HTTP API (docs/maintainers/design.md, "Service"): routes, request checks, errors.
+"""The queue manager's HTTP API (docs/maintainers/design.md, "Service"): routes, checks, errors.
 
 `create_app(manager)` wraps a `QueueManager` in a FastAPI app. This module owns the edge only:
 who is calling (`auth.py`) and what they may reach (`access.py`), the shape of requests and

@@ -1,10 +1,10 @@
 """Who is calling: bearer tokens per queue, one admin token, and each job's own token.
 
-Three kinds of caller (docs/maintainers/design.md, "Service"): the admin sees everything; a queue token acts
-for its team's queue only; a job's own token (`PREEMPTIBLE_TOKEN` in the job's environment)
-reaches only that job's cost, notice and checkpointed endpoints. The queue and admin tokens come
-from the configuration as specs (`"env:TEAM_A_TOKEN"` reads the environment, anything else is
-the token itself); job tokens belong to the manager, which answers `job_for_token`.
+Three kinds of caller (docs/maintainers/design.md, "Service"): the admin sees everything; a queue
+token acts for its team's queue only; a job's own token (`PREEMPTIBLE_TOKEN` in the job's
+environment) reaches only that job's cost, notice and checkpointed endpoints. The queue and admin
+tokens come from the configuration as specs (`"env:TEAM_A_TOKEN"` reads the environment, anything
+else is the token itself); job tokens belong to the manager, which answers `job_for_token`.
 
 A presented token is compared with every configured token by `hmac.compare_digest`, all of
 them every time, so the time taken says neither whether nor which one matched. A token never

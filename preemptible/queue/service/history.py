@@ -1,8 +1,8 @@
 """The four signals over the last day: one sample a minute, kept in the state file.
 
 The dashboard draws each signal's trend from these samples. A sample is the whole `StatsView`
-at that moment (each signal over its own window, docs/maintainers/design.md §5), so a trend shows how the
-signals moved, not a re-computation over shorter windows. One a minute for a day is at most
+at that moment (each signal over its own window, docs/maintainers/design.md §5), so a trend shows
+how the signals moved, not a re-computation over shorter windows. One a minute for a day is at most
 1,441 samples: small enough to keep in memory for reads and in SQLite so that a restart keeps
 the trend. Rejected alternative: recomputing past values from the job records on request,
 which costs a pass over every job per point and cannot say what a window looked like before

@@ -1,4 +1,4 @@
-"""The four signals of docs/maintainers/design.md, computed from the manager's job records over a window.
+"""The four signals (docs/maintainers/design.md), from the manager's job records over a window.
 
 Per queue and overall: p95 queue wait (jobs still pending count with their wait so far),
 utilisation (GPU-seconds admitted over GPU-seconds available), goodput (the same less the

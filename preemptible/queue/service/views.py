@@ -13,7 +13,9 @@ from typing import Any
 
 
 class JobState(enum.StrEnum):
-    """A job's states (docs/maintainers/design.md): preempting goes back to pending once it has exited."""
+    """A job's states (docs/maintainers/design.md): preempting goes back to pending once it has
+    exited.
+    """
 
     PENDING = "pending"
     RUNNING = "running"

@@ -42,8 +42,8 @@ def test_non_string_keys_tuples_and_the_order_of_keys_survive():
 
 
 def test_ordered_dicts_come_back_as_plain_dicts_in_the_same_order():
-    # load() returns plain nested dicts (docs/maintainers/design.md); a dict keeps its insertion order, so
-    # an OrderedDict such as nn.Module.state_dict() loses nothing but its type.
+    # load() returns plain nested dicts (docs/maintainers/design.md); a dict keeps its insertion
+    # order, so an OrderedDict such as nn.Module.state_dict() loses nothing but its type.
     state = OrderedDict([("w", 1), ("b", OrderedDict([(2, "two"), (1, "one")])), ("a", 3)])
     out = _round_trip(state)
     assert _keys_in_order(out) == _keys_in_order(state)
