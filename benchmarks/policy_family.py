@@ -31,10 +31,10 @@ the least-served max wait against those that also let work pass a blocked job (k
 and lost work under 0.1% of delivered as within kueue's bound whatever kueue loses.
 
     .venv/bin/python benchmarks/policy_family.py [--draws 40] [--seed-base 0] [--workers N]
-        [--only SEED[,SEED]] [--issue [SEED[,SEED]]] [--json out.json] [--jobs N]
+        [--only SEED[,SEED]] [--held-out [SEED[,SEED]]] [--json out.json] [--jobs N]
 
-`--only` replays the named draws (the worst draws are printed with that command); `--issue`
-replays the workload of issue 23 (`family.issue_workload`, seed 0 or the seeds given) beside the
+`--only` replays the named draws (the worst draws are printed with that command); `--held-out`
+replays the held-out workload (`family.held_out_workload`, seed 0 or the seeds given) beside the
 numbers the issue reports;
 `--jobs` shrinks every draw to N jobs for a quick look (its numbers are not the family's).
 Same seeds, same numbers: only the wall times differ between runs.
@@ -56,7 +56,7 @@ from typing import Any, NamedTuple
 
 from preemptible.queue.core import POLICIES, Policy, parse_config_text
 from preemptible.sim import Simulator, TraceJob, summarize
-from preemptible.sim.family import Knobs, draw_knobs, issue_knobs, workload
+from preemptible.sim.family import Knobs, draw_knobs, held_out_knobs, workload
 
 OURS = "preemptible"
 BASELINES = ("fifo", "priority", "kueue", "slurm")
@@ -414,7 +414,9 @@ def print_report(draws: list[dict[str, Any]], wall: float, workers: int, flags: 
             print(f"  {draw_line(d).strip()}")
             print(f"      {state}; {d['summary']}")
             again = (
-                f"--issue {d['seed']}" if d["name"].startswith("issue") else f"--only {d['seed']}"
+                f"--held-out {d['seed']}"
+                if d["name"].startswith("held-out")
+                else f"--only {d['seed']}"
             )
             print(f"      replay: .venv/bin/python benchmarks/policy_family.py {again}{flags}")
     replays = sum(r["wall_s"] for d in draws for r in d["policies"].values())
@@ -455,11 +457,11 @@ def print_lost(draws: list[dict[str, Any]]) -> None:
         )
 
 
-def print_issue(d: dict[str, Any]) -> None:
-    print(f"issue 23's workload, seed {d['seed']}: {d['summary']}")
+def print_held_out(d: dict[str, Any]) -> None:
+    print(f"the held-out workload, seed {d['seed']}: {d['summary']}")
     print(
         f"{'policy':<12}{'goodput':>9}{'p95 wait':>10}{'least-served':>14}{'mean JCT':>10}"
-        f"{'lost GPU-h':>12}   issue: goodput, p95, least-served, JCT, lost"
+        f"{'lost GPU-h':>12}   reported: goodput, p95, least-served, JCT, lost"
     )
     for policy, r in d["policies"].items():
         g, p95, ls, jct, lost = ISSUE_REPORTED[policy]
@@ -587,11 +589,11 @@ def main() -> None:
     )
     parser.add_argument("--only", metavar="SEED[,SEED]", help="replay these draws only")
     parser.add_argument(
-        "--issue",
+        "--held-out",
         nargs="?",
         const="0",
         metavar="SEED[,SEED]",
-        help="replay issue 23's workload (seed 0, or these seeds of its jobs)",
+        help="replay the held-out workload (seed 0, or these seeds of its jobs)",
     )
     parser.add_argument("--json", type=Path, help="also write every draw's numbers here")
     parser.add_argument(
@@ -635,8 +637,11 @@ def main() -> None:
         parser.error("--draws and --workers must be 1 or more, --seed-base 0 or more")
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs must be 1 or more, not {args.jobs}")
-    if args.issue is not None:
-        draws = {f"issue-{s}": issue_knobs(s) for s in seeds_arg(parser, "--issue", args.issue)}
+    if args.held_out is not None:
+        draws = {
+            f"held-out-{s}": held_out_knobs(s)
+            for s in seeds_arg(parser, "--held-out", args.held_out)
+        }
     elif args.only:
         draws = {str(s): draw_knobs(s) for s in seeds_arg(parser, "--only", args.only)}
     else:
@@ -652,9 +657,9 @@ def main() -> None:
         flush=True,
     )
     reports, wall = run(draws, args.workers, switches, baselines)
-    if args.issue is not None:
+    if args.held_out is not None:
         for report in reports:
-            print_issue(report)
+            print_held_out(report)
     if len(reports) > 1:
         flags = ("" if args.jobs is None else f" --jobs {args.jobs}") + variant
         print_report(reports, wall, args.workers, flags)

@@ -198,14 +198,14 @@ def draw_knobs(seed: int) -> Knobs:
     )
 
 
-def issue_knobs(seed: int = 0) -> Knobs:
-    """The workload of issue 23 that the policy had never seen, as knobs.
+def held_out_knobs(seed: int = 0) -> Knobs:
+    """The held-out workload, one the policy was never tuned on, as knobs.
 
     Three teams with nominal quotas of 128, 64 and 64 GPUs (weights in the same ratio) on a
     256-GPU cluster of 8-GPU nodes, borrowing limits equal to the nominal quotas, four tiers
     spread over every team, each team bursting on its own day, 10% of jobs 16-GPU gangs among
-    1- to 8-GPU jobs, estimates for all jobs, demand 1.11 times supply over ten days. What the
-    issue does not say was set inside the family's ranges before any replay: 4,000 jobs, demand
+    1- to 8-GPU jobs, estimates for all jobs, demand 1.11 times supply over ten days. What that
+    description leaves open was set inside the family's ranges before any replay: 4,000 jobs, demand
     shares equal to the weights, tiers 30/40/20/10% from low to critical, half of each team's
     jobs in its burst day, duration sigma 1.4, estimates 0.75x to 2.5x, 60 s median save.
     """
@@ -234,9 +234,9 @@ def issue_knobs(seed: int = 0) -> Knobs:
     )
 
 
-def issue_workload(seed: int = 0) -> tuple[list[TraceJob], str]:
-    """The jobs and configuration of `issue_knobs(seed)`."""
-    return workload(issue_knobs(seed))
+def held_out_workload(seed: int = 0) -> tuple[list[TraceJob], str]:
+    """The jobs and configuration of `held_out_knobs(seed)`."""
+    return workload(held_out_knobs(seed))
 
 
 def workload(knobs: Knobs) -> tuple[list[TraceJob], str]:

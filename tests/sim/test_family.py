@@ -19,8 +19,8 @@ from preemptible.sim.family import (
     TierLayout,
     config_text,
     draw_knobs,
-    issue_knobs,
-    issue_workload,
+    held_out_knobs,
+    held_out_workload,
     team_names,
     workload,
 )
@@ -155,12 +155,12 @@ def test_the_load_is_gpu_seconds_submitted_over_those_offered_while_jobs_arrive(
     assert demand_ratio(jobs) / k.gpus == pytest.approx(k.load, rel=1e-3)
 
 
-# --- the issue's workload --------------------------------------------------------------------
+# --- the held-out workload ------------------------------------------------------------------
 
 
-def test_the_issue_workload_has_the_properties_the_issue_lists():
-    jobs, text = issue_workload()
-    assert issue_workload() == (jobs, text)
+def test_the_held_out_workload_has_the_properties_it_promises():
+    jobs, text = held_out_workload()
+    assert held_out_workload() == (jobs, text)
     cfg = parse_config_text(text)
     assert cfg.cluster.gpus == 256
     assert [(q.nominal.gpus, q.borrowing_limit.gpus) for q in cfg.queues] == [
@@ -187,7 +187,7 @@ def test_the_issue_workload_has_the_properties_the_issue_lists():
         assert n > 3 * sum(per_day.values()) / 10
         busiest[team] = day
     assert len(set(busiest.values())) == 3
-    assert issue_knobs().tier_layout is TierLayout.SPREAD
+    assert held_out_knobs().tier_layout is TierLayout.SPREAD
 
 
 # --- the goals -------------------------------------------------------------------------------
@@ -203,7 +203,7 @@ def numbers(goodput, p95_h, least_h, lost_gpu_h, delivered_gpu_h=50_000.0):
     }
 
 
-ISSUE_NUMBERS = {  # issue 23's table: goodput, p95 wait h, least-served max wait h, lost GPU-h
+REPORTED_NUMBERS = {  # issue 23's table: goodput, p95 wait h, least-served max wait h, lost GPU-h
     "fifo": numbers(0.913, 30.9, 39.1, 0),
     "priority": numbers(0.867, 4.3 * 24, 5.7 * 24, 0),
     "kueue": numbers(0.879, 47.0, 9.0 * 24, 800),
@@ -213,7 +213,7 @@ ISSUE_NUMBERS = {  # issue 23's table: goodput, p95 wait h, least-served max wai
 
 
 def test_the_goals_on_the_issues_own_numbers(family):
-    g = family.judge(ISSUE_NUMBERS)
+    g = family.judge(REPORTED_NUMBERS)
     # 1. under kueue's 87.9% and more than 2 points under fifo's 91.3%: the bound is 89.3%.
     assert g["goodput"]["best_policy"] == "fifo"
     assert g["goodput"]["excess"] == pytest.approx(0.913 - 0.02 - 0.874)
@@ -267,12 +267,12 @@ def test_waits_under_a_minute_count_as_a_minute_and_lost_work_against_none(famil
 
 
 def test_a_baseline_is_judged_against_the_other_four(family):
-    g = family.judge(ISSUE_NUMBERS, "kueue")
+    g = family.judge(REPORTED_NUMBERS, "kueue")
     assert g["goodput"]["quota_peer"] == 0.874  # ours stands in for kueue
     assert g["p95_wait"]["best_policy"] == "slurm"
     assert g["least_served"]["best_policy"] == "priority"
     assert not g["lost"]["met"]  # 800 > half of ours' 190
-    fifo = family.judge(ISSUE_NUMBERS, "fifo")
+    fifo = family.judge(REPORTED_NUMBERS, "fifo")
     assert fifo["goodput"]["met"] and fifo["least_served"]["met"]
 
 
@@ -303,10 +303,10 @@ def test_the_proposed_readings_change_only_the_peers_and_goal_4s_floor(family):
 
 
 def test_counts_and_worst_draws(family):
-    better = dict(ISSUE_NUMBERS, preemptible=numbers(0.92, 20, 100, 10))
+    better = dict(REPORTED_NUMBERS, preemptible=numbers(0.92, 20, 100, 10))
     draws = [
         family.draw_report(str(s), small(s), m)
-        for s, m in ((1, ISSUE_NUMBERS), (2, better), (3, ISSUE_NUMBERS))
+        for s, m in ((1, REPORTED_NUMBERS), (2, better), (3, REPORTED_NUMBERS))
     ]
     c = family.counts(draws)
     assert c["preemptible"] == {
@@ -325,7 +325,7 @@ def test_counts_and_worst_draws(family):
 
 def test_lost_work_by_rule_and_what_it_buys_where_only_kueues_half_is_missed(family):
     def draw(seed, ours_goodput, kueue_lost, by_kind):
-        metrics = dict(ISSUE_NUMBERS, kueue=numbers(0.80, 47.0, 9.0 * 24, kueue_lost))
+        metrics = dict(REPORTED_NUMBERS, kueue=numbers(0.80, 47.0, 9.0 * 24, kueue_lost))
         ours = numbers(ours_goodput, 42.6, 8.9 * 24, sum(by_kind.values()))
         metrics["preemptible"] = ours | {"offered_gpu_h": 10_000.0, "lost_gpu_h_by_kind": by_kind}
         return family.draw_report(str(seed), small(seed), metrics)
@@ -348,7 +348,7 @@ def test_lost_work_by_rule_and_what_it_buys_where_only_kueues_half_is_missed(fam
 def test_the_ceiling_counts_a_draw_when_one_candidate_meets_all_four(family):
     # Draw 1: the issue's numbers with fifo's p95 doubled: only a variant meets all four.
     # Draw 2: no variant meets the goodput goal, and fifo, judged as ours is, meets all four.
-    slow_fifo = dict(ISSUE_NUMBERS, fifo=numbers(0.913, 61.8, 39.1, 0))
+    slow_fifo = dict(REPORTED_NUMBERS, fifo=numbers(0.913, 61.8, 39.1, 0))
     better = dict(slow_fifo, preemptible=numbers(0.92, 20, 100, 10))
     fifo_wins = {
         "fifo": numbers(0.95, 10, 20, 0),
@@ -455,21 +455,21 @@ def test_a_rule_switched_off_replays_ours_only_against_saved_baselines(tmp_path)
         assert done.returncode == 2 and "error:" in done.stderr, done.stderr
 
 
-def test_the_command_replays_the_issue_workload_beside_the_issues_numbers():
-    cmd = [sys.executable, str(BENCHMARK), "--issue", "--jobs", "120", "--workers", "2"]
+def test_the_command_replays_the_held_out_workload_beside_its_reported_numbers():
+    cmd = [sys.executable, str(BENCHMARK), "--held-out", "--jobs", "120", "--workers", "2"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "issue 23's workload, seed 0" in done.stdout
+    assert "the held-out workload, seed 0" in done.stdout
     assert "91.3%, 30.9h, 39.1h, 18.0h, 0" in done.stdout  # the issue's fifo row
     assert "all four" not in done.stdout  # one draw: no counts
     cmd[3:3] = ["0,1"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "seed 1" in done.stdout and "--issue 1" in done.stdout
+    assert "seed 1" in done.stdout and "--held-out 1" in done.stdout
 
 
 def test_bad_arguments_are_refused(tmp_path):
-    for args in (["--only", "x"], ["--draws", "0"], ["--jobs", "0"], ["--issue", "-1"]):
+    for args in (["--only", "x"], ["--draws", "0"], ["--jobs", "0"], ["--held-out", "-1"]):
         done = subprocess.run(
             [sys.executable, str(BENCHMARK), *args], capture_output=True, text=True, timeout=60
         )
