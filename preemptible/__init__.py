@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from preemptible.runtime.rng import RNGState
     from preemptible.runtime.sampler import ResumableSampler
     from preemptible.runtime.signals import PreemptionGuard
-    from preemptible.runtime.workers import protect_dataloader
+    from preemptible.runtime.workers import protect_dataloader, worker_init_fn
 
 _EXPORTS = {
     "CheckpointCost": "preemptible.checkpoint",
@@ -59,6 +59,7 @@ _EXPORTS = {
     "VerifyReport": "preemptible.checkpoint",
     "PreemptionGuard": "preemptible.runtime.signals",
     "protect_dataloader": "preemptible.runtime.workers",
+    "worker_init_fn": "preemptible.runtime.workers",
     "SaveHandle": "preemptible.checkpoint",
     "Context": "preemptible.runtime.context",
     "preemptible": "preemptible.runtime.context",
@@ -123,6 +124,7 @@ __all__ = [
     "init_process_group",
     "preemptible",
     "protect_dataloader",
+    "worker_init_fn",
 ]
 
 

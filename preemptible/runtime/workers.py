@@ -76,7 +76,7 @@ def protect_dataloader(loader: LoaderT) -> LoaderT:
     if not hasattr(loader, "worker_init_fn"):
         raise GuardError(
             f"{type(loader).__name__} has no worker_init_fn; pass "
-            "preemptible.runtime.workers.worker_init_fn to its worker processes yourself"
+            "preemptible.worker_init_fn to its worker processes yourself"
         )
     original = loader.worker_init_fn
     if original is worker_init_fn or (
