@@ -23,6 +23,10 @@ RULES = (  # (files under, imports that start with any of these are forbidden)
     ("preemptible/checkpoint", ("preemptible.runtime", "preemptible.lightning",
                                 "preemptible.accelerate")),
     ("preemptible/queue/service", ("preemptible.sim",)),
+    # The core is pure: no clock, no randomness, no files, sockets, databases, threads or processes.
+    ("preemptible/queue/core", ("time", "datetime", "random", "os", "io", "shutil", "tempfile",
+                                "socket", "http", "urllib", "sqlite3", "threading", "asyncio",
+                                "subprocess", "multiprocessing", "concurrent", "signal")),
 )  # fmt: skip
 ADAPTERS = ("preemptible/lightning.py", "preemptible/accelerate.py", "examples")
 
@@ -76,6 +80,7 @@ def test_each_rule_broken_on_purpose_is_caught(tmp_path):
         )
     breaks = {
         "preemptible/queue/core/model.py": "import torch\n",
+        "preemptible/queue/core/cycle.py": "from time import monotonic\n",
         "preemptible/queue/service/views.py": "from ...sim import engine\n",
         "preemptible/checkpoint/records.py": "from preemptible.runtime import context\n",
         "preemptible/accelerate.py": "from preemptible.checkpoint.stats import CostTracker\n",
