@@ -23,6 +23,11 @@ RULES = (  # (files under, imports that start with any of these are forbidden)
     ("preemptible/checkpoint", ("preemptible.runtime", "preemptible.lightning",
                                 "preemptible.accelerate")),
     ("preemptible/queue/service", ("preemptible.sim",)),
+    # The SDK never imports the queue service; the core imports only itself and the errors.
+    ("preemptible/runtime", ("preemptible.queue.service",)),
+    ("preemptible/checkpoint", ("preemptible.queue", "preemptible.sim")),
+    ("preemptible/queue/core", ("preemptible.queue.service", "preemptible.queue.scheduler_loop",
+                                "preemptible.queue.export", "preemptible.sim", "preemptible.cli")),
     # The core is pure: no clock, no randomness, no files, sockets, databases, threads or processes.
     ("preemptible/queue/core", ("time", "datetime", "random", "os", "io", "shutil", "tempfile",
                                 "socket", "http", "urllib", "sqlite3", "threading", "asyncio",
@@ -81,6 +86,8 @@ def test_each_rule_broken_on_purpose_is_caught(tmp_path):
     breaks = {
         "preemptible/queue/core/model.py": "import torch\n",
         "preemptible/queue/core/cycle.py": "from time import monotonic\n",
+        "preemptible/queue/core/quota.py": "from preemptible.queue.service import store\n",
+        "preemptible/runtime/sidecar.py": "from preemptible.queue.service import api\n",
         "preemptible/queue/service/views.py": "from ...sim import engine\n",
         "preemptible/checkpoint/records.py": "from preemptible.runtime import context\n",
         "preemptible/accelerate.py": "from preemptible.checkpoint.stats import CostTracker\n",
