@@ -3,7 +3,7 @@
 Each way in has one example; the others are run by their own tests: `plain_pytorch.py`
 (test_exact_resume.py), `torchrun_elastic.py` (test_torchrun.py), `accelerate_train.py`
 (test_accelerate.py), the SLURM and Kubernetes files of `integrations/` (test_slurm.py,
-test_sidecar.py, tests/unit/test_k8s_manifests.py).
+test_sidecar.py, tests/unit/runtime/test_k8s_manifests.py).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from preemptible.runtime.sidecar import SidecarOptions
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 K8S = REPO / "integrations" / "kubernetes"
 GRACE_ANNOTATION = "preemptible.dev/grace-seconds"
 VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]

@@ -15,7 +15,7 @@ from preemptible.sim.importers import (
 from preemptible.sim.synth import generate
 
 DATA = Path(__file__).parent / "data"
-SHARED = Path(__file__).parents[2].parent / "shared" / "traces"
+SHARED = Path(__file__).parents[3].parent / "shared" / "traces"
 EXPECTED = json.loads((DATA / "expected_ranges.json").read_text())
 SCHEMA_KEYS = {
     "jobs",

@@ -14,7 +14,7 @@ from preemptible.sim.family import workload
 
 from .conftest import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BENCHMARK = ROOT / "benchmarks" / "policy_oracle.py"
 
 

@@ -27,7 +27,7 @@ from preemptible.sim.family import (
 
 from .conftest import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BENCHMARK = ROOT / "benchmarks" / "policy_family.py"
 MANY = range(300)
 

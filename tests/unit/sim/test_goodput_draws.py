@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BENCHMARK = ROOT / "benchmarks" / "goodput_draws.py"
 TIRESIAS = ROOT.parent / "shared" / "traces" / "tiresias" / "60_job.csv"
 

@@ -5,7 +5,7 @@ from types import ModuleType
 import pytest
 
 DATA = Path(__file__).parent / "data"
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
 def load_benchmark(name: str) -> ModuleType:

@@ -35,7 +35,7 @@ from preemptible.queue.export import (
 
 jsonschema = pytest.importorskip("jsonschema")
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 EXAMPLE = ROOT / "examples" / "queue.toml"
 SCHEMAS = ROOT / "tests" / "data" / "kueue-schemas"
 CHECKED_IN = ROOT / "integrations" / "kubernetes" / "kueue.yaml"

@@ -6,7 +6,7 @@ console error, no such request attempted, every chart decoded and the comparison
 A page that does ask for something elsewhere shows that the block sees it.
 
 A screenshot of the top of the report is taken on every run; `PREEMPTIBLE_UPDATE_SCREENSHOTS=1
-pytest tests/sim/test_html_report_browser.py` copies it to docs/img/sim-report.png.
+pytest tests/unit/sim/test_html_report_browser.py` copies it to docs/img/sim-report.png.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .test_cli import run_cli
 playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'")
 expect = playwright_api.expect
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 POLICIES = 5
 LOCAL = ("file:", "data:")
 

@@ -157,6 +157,6 @@ def test_unknown_queue_lookup_lists_known_queues():
 def test_example_config_parses():
     from pathlib import Path
 
-    text = (Path(__file__).parents[3] / "examples" / "queue.toml").read_text()
+    text = (Path(__file__).parents[4] / "examples" / "queue.toml").read_text()
     cfg = parse_config_text(text)
     assert len(cfg.queues) >= 2
