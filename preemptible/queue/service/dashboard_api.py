@@ -22,17 +22,17 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from preemptible.errors import JobNotFoundError
+from preemptible.queue.core.model import Tier
 from preemptible.queue.service import dashboard
 from preemptible.queue.service.access import check_job_access, queue_scope
-from preemptible.queue.service.api import (
+from preemptible.queue.service.dashboard import DashboardView, JobDetailView
+from preemptible.queue.service.history import SignalSample
+from preemptible.queue.service.http_edge import (
     Caller,
     Manager,
     QueueManagerProtocol,
-    Tier,
     error_responses,
 )
-from preemptible.queue.service.dashboard import DashboardView, JobDetailView
-from preemptible.queue.service.history import SignalSample
 from preemptible.queue.service.views import JobState, JobView
 
 MAX_JOBS_SHOWN = 500

@@ -75,7 +75,7 @@ def build_manager(
 
 def run_server(config_path: Path, state_dir: Path, host: str, port: int) -> None:
     """Serve until interrupted. Raises PreemptibleError (one line to show) for bad set-ups."""
-    from preemptible.queue.service.api import create_app
+    from preemptible.queue.service.app import create_app
 
     config = load_config(config_path)
     check_port(host, port)

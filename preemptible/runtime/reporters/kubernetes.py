@@ -24,7 +24,7 @@ from typing import Any
 
 from preemptible.checkpoint import CheckpointCost
 from preemptible.errors import BackendNotInstalledError, ConfigError
-from preemptible.runtime.reporters import Deferred, ReporterDisabled
+from preemptible.runtime.reporters.sink import Deferred, ReporterDisabled
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 PREFIX_ENV = "PREEMPTIBLE_ANNOTATION_PREFIX"

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from preemptible.checkpoint import CheckpointCost
-from preemptible.runtime.reporters import Deferred
+from preemptible.runtime.reporters.sink import Deferred
 
 JOB_ID_ENV = "SLURM_JOB_ID"
 

@@ -1,6 +1,6 @@
 """An in-memory queue manager for the HTTP layer's tests, and a live server to run it behind.
 
-`FakeQueueManager` has the methods `api.QueueManagerProtocol` names and raises the same errors
+`FakeQueueManager` has the methods `http_edge.QueueManagerProtocol` names and raises the same errors
 as `manager.QueueManager`; it schedules nothing. Tests move jobs along by hand (`start`,
 `notify`, `finish`) and read what the API passed on (`cost_reports`, `checkpoints`,
 `notice_waits`). `LiveServer` runs an app under uvicorn on a free loopback port in a thread,

@@ -25,8 +25,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from preemptible.queue.service import api
-from preemptible.queue.service.api import QueueManagerProtocol, create_app
+from preemptible.queue.service.app import MAX_BODY_BYTES, create_app
 from preemptible.queue.service.auth import resolve_tokens
+from preemptible.queue.service.http_edge import QueueManagerProtocol
 from preemptible.queue.service.logs import read_log_slice
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.views import (
@@ -553,7 +554,7 @@ def test_a_body_that_is_not_json_is_422(http: httpx.Client, raw: bytes) -> None:
 
 
 def test_a_huge_body_is_413_declared_or_streamed(http: httpx.Client) -> None:
-    huge = json.dumps({**GOOD, "name": "x" * (api.MAX_BODY_BYTES + 1)}).encode()
+    huge = json.dumps({**GOOD, "name": "x" * (MAX_BODY_BYTES + 1)}).encode()
     headers = {**ADMIN, "content-type": "application/json"}
     assert_error(http.post("/v1/jobs", content=huge, headers=headers), 413, "payload_too_large")
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import schemathesis
 
-from preemptible.queue.service.api import create_app
+from preemptible.queue.service.app import create_app
 from preemptible.queue.service.auth import resolve_tokens
 from preemptible.queue.service.executor import Exit, ExitKind, LaunchSpec, ProcessHandle
 from preemptible.queue.service.manager import QueueManager

@@ -22,7 +22,7 @@ from typer.testing import CliRunner, Result
 
 from preemptible.cli.queue import app
 from preemptible.errors import ConfigError
-from preemptible.queue.service.api import create_app
+from preemptible.queue.service.app import create_app
 from preemptible.queue.service.auth import resolve_tokens
 from preemptible.queue.service.views import JobView, SubmitRequest
 

@@ -1,0 +1,300 @@
+"""The HTTP edge that the API's routes and the dashboard's share: who calls, the error shape.
+
+`api.py` (jobs, queues, notices) and `dashboard_api.py` (the page's answers) both build on what
+is here: the manager and caller dependencies, the one error shape with its OpenAPI description,
+and the middleware that keeps every answer in that shape. `app.py` assembles the app above
+them, so neither router imports the other.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Protocol
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from preemptible.errors import (
+    AccessDeniedError,
+    ConfigError,
+    JobNotFoundError,
+    JobStateError,
+    RequestError,
+)
+from preemptible.queue.core.config import QueueConfig
+from preemptible.queue.service.auth import AuthenticationError, Authenticator, Principal
+from preemptible.queue.service.views import (
+    CostView,
+    EventView,
+    JobState,
+    JobView,
+    NegotiationView,
+    NoticeView,
+    QueueView,
+    StatsView,
+    SubmitRequest,
+    WhyView,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class QueueManagerProtocol(Protocol):
+    """What the HTTP layer asks of the manager (`manager.QueueManager` implements it).
+
+    The methods are called from many threads at once, and `wait_notice` blocks for up to
+    `wait_s`; `job_for_token` is called on the event loop and must never block. They raise
+    the shared errors (`RequestError`, `JobNotFoundError`,
+    `JobStateError`, `AccessDeniedError`), which become 400, 404, 409 and 403.
+    """
+
+    @property
+    def config(self) -> QueueConfig: ...
+    def submit(self, req: SubmitRequest) -> JobView: ...
+    def list_jobs(
+        self, *, queue: str | None = None, state: JobState | None = None
+    ) -> list[JobView]: ...
+    def get_job(self, job_id: str) -> JobView: ...
+    def cancel(self, job_id: str) -> JobView: ...
+    def why(self, job_id: str) -> WhyView: ...
+    def report_cost(self, job_id: str, cost: CostView) -> NegotiationView: ...
+    def wait_notice(self, job_id: str, wait_s: float) -> NoticeView | None: ...
+    def checkpointed(self, job_id: str, *, step: int, at: float | None) -> None: ...
+    def queues(self) -> list[QueueView]: ...
+    def stats(self) -> StatsView: ...
+    def events(
+        self,
+        *,
+        since: int = 0,
+        queue: str | None = None,
+        job_id: str | None = None,
+        limit: int = 1000,
+    ) -> list[EventView]: ...
+    def log_path(self, job_id: str, attempt: int | None = None) -> Path: ...
+    def job_queue(self, job_id: str) -> str: ...
+    def job_for_token(self, token: str) -> str | None: ...
+    def metrics_snapshot(self) -> dict[str, Any]: ...
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    """A stable word: unauthenticated, forbidden, not_found, conflict, invalid_request..."""
+    message: str
+    """What is wrong and what to do."""
+
+
+class ErrorAnswer(BaseModel):
+    """Every 4xx and 5xx answer."""
+
+    error: ErrorDetail
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+_DESCRIPTIONS = {
+    400: "The body is not JSON, or asks the impossible (an unknown queue, too many GPUs...).",
+    401: "No token, or one this server does not know.",
+    403: "The token is valid but not for this queue or job.",
+    404: "No job (or attempt) with this id.",
+    409: "The job's state does not allow this (it has finished, or is not running).",
+    413: "The request body is larger than the server accepts.",
+    422: "The request does not match the schema; the message names the field.",
+}
+_CODES = {
+    400: "invalid_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    422: "invalid_request",
+    500: "internal",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A route's OpenAPI `responses` for these error statuses: the error shape and what each
+    status means here. Every status a route can answer is listed (a test checks it)."""
+    return {s: {"model": ErrorAnswer, "description": _DESCRIPTIONS[s]} for s in statuses}
+
+
+def error_response(
+    status: int, message: str, *, code: str | None = None, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """The one error shape: `{"error": {"code": ..., "message": ...}}`."""
+    body = {"error": {"code": code or _CODES.get(status, "error"), "message": message}}
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        loc = [str(p) for p in error.get("loc", ())]
+        where, field = (loc[0], ".".join(loc[1:])) if loc else ("request", "")
+        kind = error.get("type", "")
+        if kind == "json_invalid":
+            ctx = error.get("ctx") or {}
+            parts.append(f"the body is not valid JSON ({ctx.get('error', 'decode error')})")
+        elif where == "body" and not field and kind == "missing":
+            parts.append("the request needs a JSON body")
+        elif field:
+            parts.append(f"{where} field '{field}': {error.get('msg', 'invalid')}")
+        else:
+            parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    more = len(exc.errors()) - len(parts)
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    mapping: list[tuple[type[Exception], int]] = [
+        (AuthenticationError, 401),
+        (AccessDeniedError, 403),
+        (JobNotFoundError, 404),
+        (JobStateError, 409),
+        (RequestError, 400),
+        (ConfigError, 400),  # a request naming what the configuration lacks (a queue...)
+    ]
+    for exc_type, status in mapping:
+
+        def handler(_: Request, exc: Exception, status: int = status) -> JSONResponse:
+            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+            return error_response(status, str(exc), headers=headers)
+
+        app.add_exception_handler(exc_type, handler)
+
+    def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(422, _validation_message(exc))
+
+    def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(request))
+            return error_response(
+                405,
+                f"{request.method} is not allowed here; use {headers['Allow']}",
+                headers=headers,
+            )
+        if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
+            # FastAPI says 400 here but 422 for other JSON that does not parse: one answer.
+            return error_response(422, f"the body is not UTF-8 JSON ({exc.__cause__.reason})")
+        return error_response(exc.status_code, str(exc.detail), headers=headers)
+
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method our routes serve at this path (Starlette names only the first route's)."""
+    methods: set[str] = set()
+    routers: list[APIRouter] = request.app.state.routers
+    for route in (r for included in routers for r in included.routes):
+        if isinstance(route, APIRoute) and route.path_regex.match(request.url.path):
+            methods |= route.methods or set()
+    return sorted(methods)
+
+
+class CatchAllMiddleware:
+    """Turns an unexpected exception into a logged 500 in the error shape.
+
+    An `Exception` handler registered on the app would answer too, but Starlette re-raises
+    it afterwards, so the server logs it a second time with its own words.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            # The traceback names the route and the error, never the Authorization header.
+            logger.exception("unexpected error in %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            response = error_response(
+                500, "internal error in the queue manager; its log has the details"
+            )
+            await response(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """Refuses request bodies over `limit` bytes with 413, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", ())).get(b"content-length")
+        too_large = f"the request body is larger than {self.limit} bytes; send less"
+        if declared is not None:
+            try:
+                length = int(declared)
+            except ValueError:
+                await error_response(400, "Content-Length is not a number")(scope, receive, send)
+                return
+            if length > self.limit:
+                await error_response(413, too_large)(scope, receive, send)
+                return
+        seen = 0
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise HTTPException(413, too_large)
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+# --- dependencies ------------------------------------------------------------------------------
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="A queue token, the admin token, or a job's own token (PREEMPTIBLE_TOKEN).",
+)
+
+
+# The dependencies are `async` (they never block): a plain `def` would cost each request two
+# more round trips through the thread pool, which is most of a submission's CPU.
+async def _manager(request: Request) -> QueueManagerProtocol:
+    manager: QueueManagerProtocol = request.app.state.manager
+    return manager
+
+
+async def _caller(
+    request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
+) -> Principal:
+    authenticator: Authenticator = request.app.state.authenticator
+    return authenticator.authenticate(request.headers.get("authorization"))
+
+
+Manager = Annotated[QueueManagerProtocol, Depends(_manager)]
+Caller = Annotated[Principal, Depends(_caller)]
