@@ -1,53 +1,29 @@
-"""Policy export: one queue configuration as Kueue objects or as SLURM settings.
+"""The queue configuration as Kueue objects.
 
-The same `queue.toml` drives the simulator, the reference queue manager and, through this module,
-a cluster's own scheduler. These are pure functions from a `QueueConfig` to text; the CLI
-(`preemptible queue export`) writes the text to files or stdout.
-
-Neither scheduler can say everything the config says. Rather than drop a setting silently, each
-output starts with comments that name what was not expressed and where it goes instead (the
-negotiated grace, for example, becomes the pod's `terminationGracePeriodSeconds` or a SLURM
-GraceTime that is an upper bound). docs/user-guide/schedulers.md explains the mapping.
-
-Kueue: a ResourceFlavor, a Cohort holding the capacity that no queue is guaranteed, one
-ClusterQueue per queue (nominal quota, borrowing limit, fair-sharing weight, preemption), a
-LocalQueue per queue in its namespace, the Namespaces, and a WorkloadPriorityClass per tier.
-SLURM: a `slurm.conf` fragment (a partition per tier, `preempt/partition_prio`, REQUEUE,
-GraceTime, multifactor priority with the fair-share half-life) and a `sacctmgr` script (an
-account per queue with its fair share and a GrpTRES cap). Partitions rather than QOS because
-partition preemption works without slurmdbd (the accounts and their caps need it).
+A ResourceFlavor, a Cohort holding the capacity that no queue is guaranteed, one ClusterQueue
+per queue (nominal quota, borrowing limit, fair-sharing weight, preemption), a LocalQueue per
+queue in its namespace, the Namespaces, and a WorkloadPriorityClass per tier. What Kueue cannot
+say is named in the comments at the top of the YAML (docs/user-guide/schedulers.md).
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import re
-import textwrap
-from collections.abc import Iterable
 from typing import Any
 
 import yaml
 
 from preemptible.errors import ConfigError
 from preemptible.queue.core.config import QueueConfig
-from preemptible.queue.core.model import Limits, Queue, Tier
+from preemptible.queue.core.model import Queue, Tier
 from preemptible.queue.core.resources import values
+from preemptible.queue.export.text import TIERS_HIGH_FIRST, as_comment, dur
 
-__all__ = [
-    "KUEUE_API_VERSIONS",
-    "TIER_PRIORITY",
-    "ExportTarget",
-    "export_files",
-    "kueue_objects",
-    "kueue_yaml",
-    "sacctmgr_script",
-    "slurm_conf",
-]
+__all__ = ["KUEUE_API_VERSIONS", "TIER_PRIORITY", "kueue_objects", "kueue_yaml"]
 
 KUEUE_API_VERSIONS = ("v1beta2", "v1beta1")
 """Kueue API versions the export can write; v1beta2 is the storage version of current Kueue."""
-
 TIER_PRIORITY: dict[Tier, int] = {
     Tier.LOW: -100,
     Tier.NORMAL: 0,
@@ -56,45 +32,8 @@ TIER_PRIORITY: dict[Tier, int] = {
 }
 """Kueue priority of each tier. `normal` is 0, the priority of a workload with no class, so an
 unlabelled job ranks as our default tier does."""
-
-_SLURM_PRIORITY_TIER = {Tier.LOW: 1, Tier.NORMAL: 2, Tier.HIGH: 3, Tier.CRITICAL: 4}
-_TIERS = (Tier.CRITICAL, Tier.HIGH, Tier.NORMAL, Tier.LOW)
 _GPU = "nvidia.com/gpu"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_SLURM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
-_PRIORITY_WEIGHT = 10000
-
-
-class ExportTarget(enum.StrEnum):
-    """The schedulers `queue export` writes for."""
-
-    KUEUE = "kueue"
-    SLURM = "slurm"
-
-
-def export_files(config: QueueConfig, to: ExportTarget | str, **options: Any) -> dict[str, str]:
-    """The files of one export, by name: `kueue.yaml`, or `slurm.conf` and `sacctmgr.sh`.
-
-    Args:
-        config: the parsed queue configuration.
-        to: "kueue" or "slurm".
-        **options: passed to `kueue_yaml` (namespace, cohort, flavor, api_version).
-
-    Raises:
-        ConfigError: the target is unknown or the config cannot be exported to it.
-    """
-    try:
-        target = ExportTarget(to)
-    except ValueError:
-        raise ConfigError(f"unknown export target {to!r}; use kueue or slurm") from None
-    if target is ExportTarget.KUEUE:
-        return {"kueue.yaml": kueue_yaml(config, **options)}
-    if options:
-        raise ConfigError(f"the slurm export takes no options (got {', '.join(sorted(options))})")
-    return {"slurm.conf": slurm_conf(config), "sacctmgr.sh": sacctmgr_script(config)}
-
-
-# --- Kueue ---------------------------------------------------------------------------------------
 
 
 def kueue_objects(
@@ -154,7 +93,7 @@ def kueue_objects(
                 "spec": {"clusterQueue": queue.name},
             }
         )
-    for tier in _TIERS:
+    for tier in TIERS_HIGH_FIRST:
         objects.append(
             {
                 "apiVersion": api,
@@ -174,7 +113,7 @@ def kueue_yaml(config: QueueConfig, **options: Any) -> str:
         ConfigError: as `kueue_objects`.
     """
     objects = kueue_objects(config, **options)
-    header = _comment(_kueue_notes(config))
+    header = as_comment(_kueue_notes(config))
     body = yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, width=100)
     return f"{header}---\n{body}"
 
@@ -187,7 +126,6 @@ def _check_dns_label(name: str, what: str) -> None:
         )
 
 
-# (resource name, Limits attribute, cluster amount); only the resources the cluster schedules.
 _Resource = tuple[str, str, float]
 
 
@@ -325,16 +263,16 @@ def _kueue_notes(config: QueueConfig) -> list[str]:
         "",
         "Not expressed here (Kueue has no equivalent):",
         f"- Negotiated grace per job, clamp({pre.grace_safety:g} * save_p95 + "
-        f"{_dur(pre.grace_margin_s)}, {_dur(pre.grace_min_s)}, {_dur(pre.grace_max_s)}): "
+        f"{dur(pre.grace_margin_s)}, {dur(pre.grace_min_s)}, {dur(pre.grace_max_s)}): "
         "set each pod's terminationGracePeriodSeconds from the job's measured cost (at most "
         f"{pre.grace_max_s:g}); the SDK reads it as PREEMPTIBLE_POD_GRACE_SECONDS.",
-        f"- Minimum runtime before preemption (max({_dur(pre.min_runtime_s)}, "
+        f"- Minimum runtime before preemption (max({dur(pre.min_runtime_s)}, "
         f"{pre.min_runtime_multiple:g} * (save_p95 + restore))), the cooldown "
-        f"({_dur(pre.cooldown_s)}), the budget of {pre.queue_budget_per_hour} preemptions "
-        f"per queue per hour, the wait of {_dur(pre.tier_patience_s)} before a higher tier "
+        f"({dur(pre.cooldown_s)}), the budget of {pre.queue_budget_per_hour} preemptions "
+        f"per queue per hour, the wait of {dur(pre.tier_patience_s)} before a higher tier "
         "preempts a lower one, and the wait for capacity to free before a reclaim"
         + (
-            f" (work within nominal quota starts within {_dur(pre.guarantee_s)})"
+            f" (work within nominal quota starts within {dur(pre.guarantee_s)})"
             if pre.enabled
             else ""
         )
@@ -342,14 +280,14 @@ def _kueue_notes(config: QueueConfig) -> list[str]:
         "- Victims chosen by least lost work (GPU-seconds since the last checkpoint): Kueue "
         "prefers borrowing queues, then the lowest priority, then the most recently admitted; "
         "it does not read the cost annotations.",
-        f"- Fair share on usage decayed with a half-life of {_dur(p.fair_share_half_life_s)}: "
+        f"- Fair share on usage decayed with a half-life of {dur(p.fair_share_half_life_s)}: "
         "the ClusterQueues carry fairSharing.weight from each queue's weight, which Kueue uses "
         "only when its Configuration has `fairSharing: {enable: true}`, and then on current "
         "usage, preempting across the cohort by share instead of by the classic rules of "
         "`preemption`. (Kueue's admission fair sharing has a half-life but orders LocalQueues "
         "within one ClusterQueue.)",
-        f"- Aging ({_dur(p.aging_s)} per fair-share unit) and the starvation limit "
-        f"({_dur(p.starvation_limit_s)}): Kueue orders by priority, then creation time.",
+        f"- Aging ({dur(p.aging_s)} per fair-share unit) and the starvation limit "
+        f"({dur(p.starvation_limit_s)}): Kueue orders by priority, then creation time.",
     ]
     if p.backfill:
         notes.append(
@@ -400,196 +338,5 @@ def _kueue_notes(config: QueueConfig) -> list[str]:
     return notes
 
 
-# --- SLURM ---------------------------------------------------------------------------------------
-
-
-def slurm_conf(config: QueueConfig) -> str:
-    """A `slurm.conf` fragment: preemption, priority and one partition per tier.
-
-    Append it to a slurm.conf that defines the nodes (NodeName) and GresTypes=gpu; the
-    partitions use `Nodes=ALL`.
-
-    Raises:
-        ConfigError: a queue name cannot be a SLURM account (see `sacctmgr_script`).
-    """
-    _check_slurm_names(config.queues)
-    p, pre = config.policy, config.preemption
-    grace = math.ceil(pre.grace_max_s)
-    notes = [
-        "slurm.conf fragment generated by `preemptible queue export --to slurm`. Append it to "
-        "a slurm.conf that defines the nodes and GresTypes=gpu; do not edit: change the queue "
-        "config and export again.",
-        "",
-        "One partition per tier: a job picks its tier with -p <tier>. A higher PriorityTier "
-        "is scheduled first and preempts lower ones (requeue after GraceTime).",
-        "",
-        "At preemption the batch shell gets the job's --signal at once "
-        "(preempt_send_user_signal; merge it into an existing SlurmctldParameters line), and "
-        "a job that exits 85 after saving is requeued (RequeueExit); one that exits 0 in its "
-        "grace would be COMPLETED. integrations/slurm/train.sbatch does both.",
-        "",
-        "Not expressed here:",
-        f"- The negotiated grace: GraceTime is the largest grant ({grace}s = grace_max); a job "
-        "that saved sooner exits sooner.",
-        f"- The per-job minimum runtime (multiple {pre.min_runtime_multiple:g} of save + "
-        "restore): PreemptExemptTime is the flat min_runtime. The cooldown, the "
-        f"per-queue preemption budget and the {_dur(pre.tier_patience_s)} a higher tier waits "
-        "before it preempts: none.",
-        "- Nominal quotas and reclaim: SLURM guarantees no share; each queue's account is "
-        "capped at nominal + borrowing limit (sacctmgr.sh) and fair share orders the rest. "
-        "A cap is hard: nothing is lent beyond it, however idle the GPUs (beyond_limit).",
-        "- Victims by least lost work: SLURM preempts by partition tier, then its own order.",
-        f"- Aging ({_dur(p.aging_s)} per fair-share unit, at most {p.aging_max_units:g}): the "
-        "age factor grows to PriorityMaxAge, set where our aging credit stops growing, with "
-        "the same weight as fair share. The starvation limit: none.",
-        "- Tokens and [service]: SLURM users and accounts decide who may submit where.",
-        "",
-        "Accounts, fair share and the caps need slurmdbd: uncomment the accounting lines "
-        "below and run sacctmgr.sh. Without it, preemption by tier still works.",
-    ]
-    if not pre.enabled:
-        preempt = ["PreemptType=preempt/none", "PreemptMode=OFF"]
-    else:
-        preempt = [
-            "PreemptType=preempt/partition_prio",
-            "PreemptMode=REQUEUE",
-            f"PreemptExemptTime={_slurm_time(pre.min_runtime_s)}",
-            "SlurmctldParameters=preempt_send_user_signal",
-            "JobRequeue=1",
-            "RequeueExit=85",
-        ]
-    lines = [
-        _comment(notes, prefix="#"),
-        f"SchedulerType=sched/{'backfill' if p.backfill else 'builtin'}",
-        *preempt,
-        "PriorityType=priority/multifactor",
-        f"PriorityDecayHalfLife={_slurm_time(p.fair_share_half_life_s)}",
-        f"PriorityWeightFairshare={_PRIORITY_WEIGHT}",
-        f"PriorityWeightAge={_PRIORITY_WEIGHT}",
-        f"PriorityMaxAge={_slurm_time(p.aging_s * p.aging_max_units)}",
-        "PriorityWeightPartition=0",
-        "PriorityWeightJobSize=0",
-        "PriorityWeightQOS=0",
-        "# With slurmdbd (for sacctmgr.sh):",
-        "#AccountingStorageType=accounting_storage/slurmdbd",
-        "#AccountingStorageEnforce=associations,limits",
-        "#AccountingStorageTRES=gres/gpu",
-    ]
-    for tier in sorted(_TIERS, key=lambda t: t.rank):
-        # Nothing ranks above critical, so nothing may preempt it.
-        mode = "OFF" if tier is Tier.CRITICAL or not pre.enabled else "REQUEUE"
-        grace_part = f" GraceTime={grace}" if mode == "REQUEUE" else ""
-        default = "YES" if tier is Tier.NORMAL else "NO"
-        lines.append(
-            f"PartitionName={tier.value} Nodes=ALL Default={default} "
-            f"PriorityTier={_SLURM_PRIORITY_TIER[tier]} PreemptMode={mode}{grace_part} "
-            "MaxTime=INFINITE State=UP"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def sacctmgr_script(config: QueueConfig) -> str:
-    """A shell script that creates one SLURM account per queue, with its fair share and cap.
-
-    Raises:
-        ConfigError: a queue name is not a valid SLURM account name, or a cap is not whole.
-    """
-    _check_slurm_names(config.queues)
-    shares = _fair_shares([q.weight for q in config.queues])
-    lines = [
-        "#!/bin/sh",
-        _comment(
-            [
-                "SLURM accounts for the queues, generated by `preemptible queue export --to "
-                "slurm`. Needs slurmdbd and the accounting lines of slurm.conf. Idempotent.",
-                "Fairshare is the queue's weight (scaled to whole numbers); GrpTRES caps the "
-                "account at nominal + borrowing limit (-1: no cap, where either is unlimited; "
-                "mem in MB).",
-                "Add users with: sacctmgr -i add user NAME account=QUEUE",
-            ],
-            prefix="#",
-        ),
-        "set -eu",
-    ]
-    for queue, share in zip(config.queues, shares, strict=True):
-        lines.append(
-            f'sacctmgr -i add account {queue.name} Description="preemptible queue {queue.name}" '
-            ">/dev/null 2>&1 || true"
-        )
-        lines.append(
-            f"sacctmgr -i modify account {queue.name} set Fairshare={share} "
-            f"GrpTRES={_grp_tres(queue)}"
-        )
-    return "\n".join(lines) + "\n"
-
-
 def _has_borrowing_limit(config: QueueConfig) -> bool:
     return any(math.isfinite(v) for q in config.queues for v in values(q.borrowing_limit))
-
-
-def _check_slurm_names(queues: Iterable[Queue]) -> None:
-    for queue in queues:
-        if not _SLURM_NAME.match(queue.name):
-            raise ConfigError(
-                f"queue name {queue.name!r} cannot be a SLURM account: use lowercase letters, "
-                "digits, '-' and '_', starting with a letter or digit"
-            )
-
-
-def _grp_tres(queue: Queue) -> str:
-    """gres/gpu, cpu and mem (MB) caps; -1 clears a cap, so that a rerun removes old ones."""
-    caps = _caps(queue.nominal, queue.borrowing_limit)
-    gpus = caps.get("gpus", -1)
-    if gpus != int(gpus):
-        raise ConfigError(f"queue {queue.name}: {gpus:g} GPUs is not a whole number")
-    cpus = math.ceil(caps["cpus"]) if "cpus" in caps else -1
-    mem = math.ceil(caps["memory_gb"] * 1024) if "memory_gb" in caps else -1
-    return f"gres/gpu={int(gpus)},cpu={cpus},mem={mem}"
-
-
-def _caps(nominal: Limits, borrowing: Limits) -> dict[str, float]:
-    out = {}
-    for attr in ("gpus", "cpus", "memory_gb"):
-        total = getattr(nominal, attr) + getattr(borrowing, attr)
-        if math.isfinite(total):
-            out[attr] = total
-    return out
-
-
-def _fair_shares(weights: list[float]) -> list[int]:
-    """Whole-number shares in the ratio of the weights (SLURM's Fairshare is an integer)."""
-    if all(w == int(w) for w in weights):
-        return [int(w) for w in weights]
-    return [max(1, round(w * 100)) for w in weights]
-
-
-# --- text helpers --------------------------------------------------------------------------------
-
-
-def _comment(lines: list[str], prefix: str = "#") -> str:
-    out = []
-    for line in lines:
-        if not line:
-            out.append(prefix)
-            continue
-        indent = "  " if line.startswith("- ") else ""
-        for part in textwrap.wrap(line, width=96, subsequent_indent=indent, break_on_hyphens=False):
-            out.append(f"{prefix} {part}")
-    return "\n".join(out) + "\n"
-
-
-def _dur(seconds: float) -> str:
-    """A duration as the config writes it: 30s, 10m, 2h, 7d."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
-
-
-def _slurm_time(seconds: float) -> str:
-    """SLURM's days-hours:minutes:seconds."""
-    total = round(seconds)
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
