@@ -13,6 +13,7 @@ from preemptible._lazy import lazy_exports
 if TYPE_CHECKING:
     from preemptible.checkpoint.async_save import AsyncMode, SaveHandle
     from preemptible.checkpoint.checkpointer import Checkpointer
+    from preemptible.checkpoint.reader import CheckpointReader
     from preemptible.checkpoint.records import CheckpointInfo, IgnoredDir, VerifyReport
     from preemptible.checkpoint.stats import CheckpointCost, CostTracker, Summary
     from preemptible.checkpoint.storage import CommitMode
@@ -21,6 +22,7 @@ _EXPORTS = {
     "AsyncMode": "preemptible.checkpoint.async_save",
     "CheckpointCost": "preemptible.checkpoint.stats",
     "CheckpointInfo": "preemptible.checkpoint.records",
+    "CheckpointReader": "preemptible.checkpoint.reader",
     "Checkpointer": "preemptible.checkpoint.checkpointer",
     "CommitMode": "preemptible.checkpoint.storage",
     "CostTracker": "preemptible.checkpoint.stats",
@@ -34,6 +36,7 @@ __all__ = [
     "AsyncMode",
     "CheckpointCost",
     "CheckpointInfo",
+    "CheckpointReader",
     "Checkpointer",
     "CommitMode",
     "CostTracker",

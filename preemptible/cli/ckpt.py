@@ -21,7 +21,7 @@ from preemptible.cli._common import fail, human_bytes
 from preemptible.errors import ConfigError, PreemptibleError
 
 if TYPE_CHECKING:
-    from preemptible import Checkpointer
+    from preemptible.checkpoint import CheckpointReader
 
 app = typer.Typer(
     help="List, verify and inspect checkpoints under a root (a local path or any fsspec URL).",
@@ -47,8 +47,9 @@ EndpointOpt = Annotated[
 ]
 
 
-def _checkpointer(root: str, options: list[str] | None, endpoint_url: str | None) -> Checkpointer:
-    from preemptible import Checkpointer
+def _reader(root: str, options: list[str] | None, endpoint_url: str | None) -> CheckpointReader:
+    """A reader: these commands never write, so they never delete or collect anything."""
+    from preemptible.checkpoint import CheckpointReader
 
     storage_options: dict[str, Any] = {}
     for item in options or []:
@@ -61,7 +62,7 @@ def _checkpointer(root: str, options: list[str] | None, endpoint_url: str | None
             storage_options[key] = raw
     if endpoint_url:
         storage_options.setdefault("client_kwargs", {})["endpoint_url"] = endpoint_url
-    return Checkpointer(root, storage_options=storage_options, keep=None)
+    return CheckpointReader(root, storage_options=storage_options)
 
 
 def _when(ts: float) -> str:
@@ -78,7 +79,7 @@ def list_(
 ) -> None:
     """List committed checkpoints, oldest first."""
     try:
-        committed, ignored = _checkpointer(root, option, endpoint_url).scan()
+        committed, ignored = _reader(root, option, endpoint_url).scan()
     except PreemptibleError as e:
         fail(e)
     if as_json:
@@ -143,7 +144,7 @@ def verify(
     Exits 1 if any checkpoint is damaged, 2 on usage or storage errors.
     """
     try:
-        ckpt = _checkpointer(root, option, endpoint_url)
+        ckpt = _reader(root, option, endpoint_url)
         committed = ckpt.list()
         steps = [step] if step is not None else [i.step for i in committed]
         if not steps:
@@ -207,7 +208,7 @@ def inspect(
 ) -> None:
     """Show the keys, dtypes, shapes and sizes saved in a checkpoint (default: the newest)."""
     try:
-        info, items = _checkpointer(root, option, endpoint_url).inspect(step)
+        info, items = _reader(root, option, endpoint_url).inspect(step)
     except PreemptibleError as e:
         fail(e)
     if as_json:
