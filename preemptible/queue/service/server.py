@@ -1,7 +1,7 @@
 """`preemptible queue serve`: the queue manager behind its HTTP API and its dashboard (`/`),
 until SIGINT or SIGTERM.
 
-Jobs keep running when the server stops: a restart adopts them again (`manager.py`).
+Jobs keep running when the server stops: a restart adopts them again (`recovery.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from types import FrameType
 
 import uvicorn
 
+from preemptible._env_names import LOG_LEVEL_ENV
 from preemptible.errors import ConfigError
 from preemptible.queue.core import QueueConfig, parse_config_text
 from preemptible.queue.service.executor import ProcessExecutor
@@ -82,7 +83,7 @@ def run_server(config_path: Path, state_dir: Path, host: str, port: int) -> None
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     manager = build_manager(config, Path(state_dir), url=url)
     app = create_app(manager)
-    logging.basicConfig(level=os.environ.get("PREEMPTIBLE_LOG_LEVEL", "INFO"))
+    logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"))
     server = _StoppingServer(
         uvicorn.Config(
             app,

@@ -28,6 +28,11 @@ class JobState(enum.StrEnum):
     def finished(self) -> bool:
         return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
 
+    @property
+    def has_process(self) -> bool:
+        """Running or preempting: a process of the job is alive, or should be."""
+        return self in (JobState.RUNNING, JobState.PREEMPTING)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SubmitRequest:

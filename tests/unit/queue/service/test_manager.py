@@ -67,7 +67,7 @@ def no_job_outlives_its_test():
         for record in _MANAGERS.pop().jobs.values():
             if record.handle is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(record.handle["pid"], signal.SIGKILL)
+                    os.killpg(record.handle.pid, signal.SIGKILL)
 
 
 def submit(
@@ -256,7 +256,7 @@ def test_a_restarted_manager_adopts_running_jobs_and_requeues_vanished_ones(tmp_
     gone = submit(m, "b", SAVER, cwd=tmp_path)
     running(m, alive.id)
     running(m, gone.id)
-    pgid = m.jobs[gone.id].handle["pid"]
+    pgid = m.jobs[gone.id].handle.pid
     m.store.close()
     del m  # the manager dies without a word (its thread never ran)
     os.killpg(pgid, signal.SIGKILL)  # one job dies while nobody watches
@@ -283,7 +283,7 @@ def test_a_restart_learns_the_exit_of_a_run_whose_launch_it_did_not_save(tmp_pat
     monkeypatch.setattr(
         m.executor, "launch", lambda spec: launched.append(launch(spec)) or launched[-1]
     )
-    monkeypatch.setattr(m, "_save", lambda record: None)  # the handle never reaches the file
+    monkeypatch.setattr(m.book, "save", lambda record: None)  # the handle never reaches the file
     m.step()
     assert launched and m.store.load_jobs()[0][2]["handle"] is None
     deadline = time.monotonic() + 20

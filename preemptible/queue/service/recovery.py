@@ -1,0 +1,110 @@
+"""A restarted manager takes up where the last one stopped: nothing acknowledged is lost.
+
+Pending jobs wait again; running ones are adopted again (by pid and process start time, so a
+recycled pid is not taken for the job); a notice stored but never sent is sent now with its
+whole grace; and jobs whose processes vanished while nobody watched are requeued with the
+reason, or finished when their status file says they had ended.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from preemptible.queue.core import RunningJob
+from preemptible.queue.service.book import JobBook
+from preemptible.queue.service.executor import Exit, ExitKind, ProcessHandle, recorded_exit
+from preemptible.queue.service.records import JobRecord, SentNotice
+from preemptible.queue.service.runs import JobRuns
+from preemptible.queue.service.views import JobState
+
+
+def recover(book: JobBook, runs: JobRuns, now: float) -> None:
+    """Load every record from the state file and put each job back where it was."""
+    for job_id, token_hash, doc in book.store.load_jobs():
+        book.jobs[job_id] = JobRecord.from_doc(doc)
+        book.by_token[token_hash] = job_id
+    lost_at = sorted((t, r.queue) for r in book.jobs.values() for t, _ in r.losses)
+    for at, queue in lost_at:
+        runs.preempted_at[queue].append(at)
+    runs.shell.restore_usage(
+        (
+            (record.core_job(), start, None if end < 0 else end)
+            for record in book.jobs.values()
+            for start, end in record.runs
+        ),
+        now,
+    )
+    for record in book.jobs.values():
+        if record.state == JobState.PENDING:
+            runs.shell.submit(record.core_job())
+        elif record.state.has_process:
+            _readopt(book, runs, record, now)
+
+
+def _readopt(book: JobBook, runs: JobRuns, record: JobRecord, now: float) -> None:
+    status_path = runs.attempt_path(record.id, record.attempts, "status")
+    handle = record.handle
+    if handle is None:
+        handle = _find_runner(status_path)
+        if handle is not None:
+            record.handle = handle
+    if handle is not None and runs.executor.alive(handle):
+        runs.free_gpus.difference_update(record.gpu_ids)
+        running = RunningJob(
+            job=record.core_job(),
+            started_at=record.started_at or now,
+            last_checkpoint_at=record.last_checkpoint_at,
+            terminating=record.state == JobState.PREEMPTING,
+        )
+        runs.shell.adopt(running, now)
+        why = "still running: adopted again"
+        notice = record.notice
+        if notice is not None and notice.signalled_at is None and notice.killed_at is None:
+            # The manager died between storing the notice and sending it: without this the
+            # job would get SIGKILL at the deadline, never having been told to save.
+            runs.executor.terminate(handle)
+            notice.signalled_at = now
+            notice.deadline = max(notice.deadline, now + notice.grace_s)
+            why += "; its notice, never sent, sent now with its whole grace"
+        with book.store.transaction() as db:
+            book.store.update_job(db, record.id, record.state, record.to_doc())
+            book.event(db, now, "recovered", record, why)
+        return
+    # Without a handle and with no runner left, the launch was never made, or the manager
+    # died before saving its handle and the attempt has ended since: then its status file
+    # says how (else a job that had completed would run again).
+    ended = runs.executor.poll(handle) if handle is not None else recorded_exit(status_path)
+    running = RunningJob(job=record.core_job(), started_at=record.started_at or now)
+    runs.shell.adopt(running, now)
+    runs.free_gpus.difference_update(record.gpu_ids)
+    if ended is None or ended.how is not ExitKind.EXITED:
+        # Gone without an exit status while nobody watched: it must run again.
+        ended = Exit(exit_code=None, signal=None, ended_at=now, how=ExitKind.LOST)
+        if record.notice is None:
+            record.notice = SentNotice(
+                reason="its process was gone when the manager restarted",
+                grace_s=0.0,
+                sent_at=now,
+                deadline=now,
+            )
+    runs.exited(record, ended, now)
+
+
+def _find_runner(status_path: Path) -> ProcessHandle | None:
+    """The runner of an attempt whose launch the manager did not live to record: found by
+    the status path on its command line (only at recovery, so a scan of /proc is fine)."""
+    wanted = str(status_path).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if wanted in argv and b"--status" in argv:
+            ticks = int(stat.rsplit(")", 1)[1].split()[19])
+            return ProcessHandle(
+                pid=int(entry.name), start_ticks=ticks, status_path=str(status_path)
+            )
+    return None

@@ -1,0 +1,291 @@
+"""The jobs' processes: launched on admission, told on notice, killed past their deadline, reaped.
+
+`JobRuns` is the manager's `scheduler_loop.Runs`: the core decides, the shell applies, and this
+turns an admission into a process group on its GPUs and a notice into SIGTERM, then SIGKILL at
+the deadline (or soon after a job says it has saved). When a run ends it frees the GPUs and
+either requeues the job (it was told to go: the loss is charged, the terms renegotiated) or
+finishes it. Every change is in the state file before it is acted on, so a manager that dies
+at any line recovers (`recovery.py`). It runs under the manager's lock, never alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from preemptible._env_names import (
+    ATTEMPT_ENV,
+    COST_FILE_ENV,
+    GRACE_ENV,
+    JOB_ID_ENV,
+    TOKEN_ENV,
+    URL_ENV,
+)
+from preemptible.errors import QueueError
+from preemptible.queue.core import Job, Preempt, QueueConfig, RunningJob
+from preemptible.queue.core.model import Admit
+from preemptible.queue.core.negotiation import grace_seconds
+from preemptible.queue.scheduler_loop import Leaving, Shell
+from preemptible.queue.service.book import JobBook
+from preemptible.queue.service.executor import Exit, ExitKind, LaunchSpec, ProcessExecutor
+from preemptible.queue.service.records import JobRecord, SentNotice
+from preemptible.queue.service.views import JobState
+
+ACK_EXIT_S = 5.0
+"""After a job says it has saved and is exiting, it gets this long before SIGKILL."""
+
+Renegotiate = Callable[[Any, JobRecord, float], object]
+"""(transaction, record, now): the job's terms again, after its exit was measured."""
+
+
+class JobRuns:
+    """Start, notice, poll and reap the runs of the manager's jobs (under the manager's lock)."""
+
+    def __init__(
+        self,
+        config: QueueConfig,
+        book: JobBook,
+        shell: Shell,
+        executor: ProcessExecutor,
+        *,
+        url: str,
+        log_dir: Path,
+        job_token: Callable[[str], str],
+        renegotiate: Renegotiate,
+        changed: threading.Condition,
+    ):
+        self.config = config
+        self.book = book
+        self.shell = shell
+        self.executor = executor
+        self.url = url
+        self.log_dir = log_dir
+        self.job_token = job_token
+        self.renegotiate = renegotiate
+        self.changed = changed
+        self.free_gpus = set(range(config.cluster.gpus))
+        self.admissions: Counter[str] = Counter()
+        self.preemption_counts: Counter[tuple[str, str]] = Counter()
+        self.preempted_at: dict[str, deque[float]] = {q.name: deque() for q in config.queues}
+        """When each queue's jobs were requeued after a notice, oldest first."""
+        self.dirty = True
+        """A run started or ended since the last cycle: the next step runs one."""
+
+    # --- scheduler_loop.Runs ------------------------------------------------------------------
+
+    def started(self, admit: Admit, running: RunningJob, now: float) -> None:
+        """Launch an admitted job on free GPUs; the intent is stored before the launch."""
+        record = self.book.jobs[running.job.id]
+        record.gpu_ids = sorted(self.free_gpus)[: record.gpus]
+        self.free_gpus.difference_update(record.gpu_ids)
+        record.attempts += 1
+        record.state = JobState.RUNNING
+        record.reason = admit.reason
+        record.started_at = now
+        record.waits.append([now, now - record.pending_since])
+        record.runs.append([now, -1.0])
+        record.handle = None
+        record.launch_error = None
+        record.exit_code = None
+        if not record.grace_s:
+            record.grace_s = grace_seconds(running.job.save_s, self.config.preemption)
+        with self.book.store.transaction() as db:  # the intent first: a crash is recoverable
+            self.book.store.update_job(db, record.id, record.state, record.to_doc())
+            self.book.event(db, now, "admitted", record, admit.reason, {"gpus": record.gpu_ids})
+        self.admissions[record.queue] += 1
+        try:
+            handle = self.executor.launch(self.launch_spec(record))
+        except QueueError as exc:
+            record.launch_error = str(exc)
+        else:
+            record.handle = handle
+        self.book.save(record)
+
+    def noticed(self, notice: Preempt, running: RunningJob, now: float) -> Leaving:
+        """Send the core's notice; the job is expected to leave after its save (or grace)."""
+        record = self.book.jobs[notice.job_id]
+        self.preemption_counts[(record.queue, notice.kind)] += 1
+        self.send_notice(record, now, notice.reason, notice.grace_s, notice.for_job)
+        return Leaving(at=now + _expected_exit_s(running.job, notice.grace_s))
+
+    # --- one run ------------------------------------------------------------------------------
+
+    def launch_spec(self, record: JobRecord) -> LaunchSpec:
+        """The process of the record's current attempt, with the variables the SDK reads."""
+        k = record.attempts
+        env = dict(record.env)
+        env.update(
+            {
+                URL_ENV: self.url,
+                JOB_ID_ENV: record.id,
+                TOKEN_ENV: self.job_token(record.id),
+                GRACE_ENV: f"{record.grace_s:g}",
+                COST_FILE_ENV: str(self.attempt_path(record.id, 0, "cost.json")),
+                ATTEMPT_ENV: str(k),
+            }
+        )
+        self.attempt_path(record.id, k, "log").parent.mkdir(parents=True, exist_ok=True)
+        return LaunchSpec(
+            job_id=record.id,
+            attempt=k,
+            command=list(record.command),
+            cwd=record.cwd,
+            env=env,
+            gpu_ids=list(record.gpu_ids),
+            log_path=self.attempt_path(record.id, k, "log"),
+            status_path=self.attempt_path(record.id, k, "status"),
+        )
+
+    def attempt_path(self, job_id: str, attempt: int, what: str) -> Path:
+        """A file of one attempt (attempt 0: of the job, such as its cost file)."""
+        if attempt == 0:
+            return self.log_dir / job_id / what
+        return self.log_dir / job_id / f"attempt-{attempt}.{what}"
+
+    def send_notice(
+        self, record: JobRecord, now: float, reason: str, grace_s: float, for_job: str | None
+    ) -> None:
+        """Store the notice, then SIGTERM the job's group (a restart sends one never sent)."""
+        record.notice = SentNotice(
+            reason=reason, grace_s=grace_s, sent_at=now, deadline=now + grace_s, for_job=for_job
+        )
+        record.state = JobState.PREEMPTING
+        record.reason = reason
+        with self.book.store.transaction() as db:
+            self.book.store.update_job(db, record.id, record.state, record.to_doc())
+            self.book.event(db, now, "notice", record, reason, {"grace_s": grace_s, "for": for_job})
+        if record.handle is not None:
+            self.executor.terminate(record.handle)
+            # Stored once sent: a manager that dies before this line sends it again at restart.
+            record.notice.signalled_at = now
+            self.book.save(record)
+        self.changed.notify_all()
+
+    def leaving_after_ack(self) -> bool:
+        """Whether a job that acked its notice is on its way out (its GPUs go on when gone)."""
+        for job_id in self.shell.state.running:
+            notice = self.book.jobs[job_id].notice
+            if notice is not None and notice.acked_at is not None:
+                return True
+        return False
+
+    def poll(self, now: float) -> None:
+        """Reap the runs that ended; SIGKILL those past their deadline or their ack's window."""
+        for record in [self.book.jobs[job_id] for job_id in self.shell.state.running]:
+            handle = record.handle
+            if handle is None:
+                if record.launch_error is not None:
+                    self.exited(
+                        record,
+                        Exit(exit_code=127, signal=None, ended_at=now, how=ExitKind.EXITED),
+                        now,
+                    )
+                continue
+            ended = self.executor.poll(handle)
+            if ended is not None:
+                self.exited(record, ended, now)
+                continue
+            notice = record.notice
+            if notice is None or notice.killed_at is not None:
+                continue
+            acked_out = notice.acked_at is not None and now >= notice.acked_at + ACK_EXIT_S
+            if now >= notice.deadline or acked_out:
+                notice.killed_at = now
+                self.executor.kill(handle)
+                self.book.save(record)
+
+    def exited(self, record: JobRecord, ended: Exit, now: float) -> None:
+        """A run is over: free its GPUs, and requeue it (preempted) or finish it."""
+        at = ended.ended_at if ended.ended_at is not None else now
+        self.shell.release(record.id, now)
+        self.free_gpus.update(record.gpu_ids)
+        record.gpu_ids = []
+        record.handle = None
+        record.exit_code = ended.exit_code
+        if record.runs:
+            record.runs[-1][1] = at
+        notice = record.notice
+        record.notice = None
+        self.dirty = True
+        if notice is None or (ended.exit_code == 0 and not record.cancel_requested):
+            done = ended.exit_code == 0
+            state = JobState.COMPLETED if done else JobState.FAILED
+            why = record.launch_error or _exit_words(ended)
+            self.finish(record, now, state, why)
+            return
+        # From the SIGTERM: a notice sent only at a restart must not count the downtime.
+        took = max(0.0, at - (notice.signalled_at or notice.sent_at))
+        record.observed_exit_s = took
+        lost = record.gpus * _lost_seconds(record, notice, at)
+        data = {
+            "grace_s": notice.grace_s,
+            "took_s": round(took, 3),
+            "lost_gpu_s": round(lost, 3),
+            "killed": notice.killed_at is not None,
+            "acked": notice.acked_at is not None,
+        }
+        if record.cancel_requested:
+            self.finish(record, now, JobState.CANCELLED, "stopped on request", data)
+            return
+        record.preemptions += 1
+        record.last_preempted_at = notice.sent_at
+        record.losses.append([now, lost])
+        self.preempted_at[record.queue].append(now)
+        record.state = JobState.PENDING
+        record.pending_since = now
+        record.reason = f"requeued: {notice.reason}"
+        with self.book.store.transaction() as db:
+            self.book.event(db, now, "requeued", record, notice.reason, data)
+            self.renegotiate(db, record, now)  # its exit is a measurement: the grace follows
+            self.book.store.update_job(db, record.id, record.state, record.to_doc())
+        self.shell.submit(record.core_job())
+
+    def finish(
+        self,
+        record: JobRecord,
+        now: float,
+        state: JobState,
+        reason: str,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        """The job is over for good: completed, failed or cancelled, with the reason."""
+        record.state = state
+        record.reason = f"{state.value}: {reason}"
+        record.finished_at = now
+        record.cancel_requested = False
+        with self.book.store.transaction() as db:
+            self.book.store.update_job(db, record.id, record.state, record.to_doc())
+            self.book.event(db, now, state.value, record, reason, data)
+
+
+def _exit_words(ended: Exit) -> str:
+    if ended.how == "killed":
+        return "killed (SIGKILL)"
+    if ended.how == "lost":
+        return "its process vanished"
+    return f"exited with {ended.exit_code}"
+
+
+def _lost_seconds(record: JobRecord, notice: SentNotice, exited_at: float) -> float:
+    """Seconds of the run a preemption wasted: from its last committed checkpoint to its exit;
+    for a job that acked (saved after the notice, nothing left at stake), from the notice to
+    that save: the step in flight and the save. Its exit after the ack wastes no work."""
+    start = record.started_at or exited_at
+    since = record.last_checkpoint_at
+    if since is None or since < start:
+        since = start
+    if notice.acked_at is not None and since >= notice.sent_at:
+        return max(0.0, since - notice.sent_at)
+    return max(0.0, exited_at - since)
+
+
+def _expected_exit_s(job: Job, grace_s: float) -> float:
+    """How long a noticed job should take to leave: a job that saves on notice (it reported
+    its cost) takes its save, the claim checked against what was observed; any other may take
+    the whole grace. Backfill plans with it, as the simulator does."""
+    if job.checkpoint_on_notice:
+        return min(grace_s, job.save_s)
+    return grace_s
