@@ -55,9 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import policy_family as pf  # a sibling script, not a package
 
+from preemptible._percentile import nearest_rank
 from preemptible.sim import TraceJob
 from preemptible.sim.family import Knobs, draw_knobs, workload
-from preemptible.sim.kpis import percentile
 
 TIER_BASELINES = ("priority", "kueue", "slurm")
 VERDICTS = ("reachable", "out of reach", "open")
@@ -190,7 +190,7 @@ def schedule_metrics(jobs: list[TraceJob], gpus: int, starts_s: list[float]) -> 
     )
     return {  # the window as `preemptible.sim.kpis.summarize` takes it
         "goodput": in_window / (gpus * max(last - first, 1.0)),
-        "p95_wait_s": percentile(waits, 95),
+        "p95_wait_s": nearest_rank(waits, 0.95),
         "least_served_max_wait_s": max(waits),
         "lost_gpu_h": 0.0,
         "delivered_gpu_h": sum(j.gpus * j.duration_s for j in jobs) / 3600.0,

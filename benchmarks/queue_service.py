@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
 
 import slurm_cluster  # a sibling script (benchmarks/slurm/), not a package
 
+from preemptible._percentile import nearest_rank
 from preemptible.queue.core import parse_config_text
 from preemptible.queue.service.executor import LaunchSpec, ProcessExecutor, ProcessHandle
 from preemptible.queue.service.manager import QueueManager
@@ -194,10 +195,7 @@ class Run:
 
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..1); nan for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+    return nearest_rank(values, q, empty=math.nan)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -513,8 +511,8 @@ def cycle_part(root: Path, pending: int, steps: int) -> dict[str, object]:
             m.step()
         result["steady"] = timed_steps(m, executor, store, steps, end_one=None)
         result["churn"] = timed_steps(m, executor, store, steps, end_one=rng)
-        running = [r for r in m.jobs.values() if r.state == JobState.RUNNING.value]
-        result["pending"] = sum(1 for r in m.jobs.values() if r.state == JobState.PENDING.value)
+        running = [r for r in m.jobs.values() if r.state == JobState.RUNNING]
+        result["pending"] = sum(1 for r in m.jobs.values() if r.state == JobState.PENDING)
         result["running"] = len(running)
         result["gpus_used"] = sum(r.gpus for r in running)
         result["gpus"] = config.cluster.gpus
@@ -539,7 +537,7 @@ def timed_steps(
     times, launches, writes, commits = [], [], [], []
     for _ in range(steps):
         if end_one is not None:  # SIGKILL one running job, and wait until its runner is gone
-            running = [r for r in m.jobs.values() if r.state == JobState.RUNNING.value]
+            running = [r for r in m.jobs.values() if r.state == JobState.RUNNING]
             handle = ProcessHandle(**end_one.choice(running).handle)
             executor.kill(handle)
             while executor.poll(handle) is None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+from preemptible._percentile import nearest_rank
 
 _WINDOW = 100
 
@@ -24,8 +25,7 @@ class Summary:
     def of(cls, samples: list[float]) -> Summary:
         if not samples:
             return cls()
-        ordered = sorted(samples)
-        p95 = ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]  # nearest rank
+        p95 = nearest_rank(samples, 0.95)
         return cls(samples[-1], sum(samples) / len(samples), p95, len(samples))
 
 

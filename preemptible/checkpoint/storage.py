@@ -38,7 +38,7 @@ class CommitMode(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
+class RootEntry:
     """One name directly under the checkpoint root."""
 
     name: str
@@ -83,7 +83,7 @@ class CheckpointStorage:
     url: str
     commit_mode: CommitMode
 
-    def list_root(self) -> list[Entry]:
+    def list_root(self) -> list[RootEntry]:
         raise NotImplementedError
 
     def begin(self, step_dir: str, nonce: str) -> Staging:
@@ -141,7 +141,7 @@ class LocalStorage(CheckpointStorage):
     def _path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
 
-    def list_root(self) -> list[Entry]:
+    def list_root(self) -> list[RootEntry]:
         try:
             it = os.scandir(self.root)
         except FileNotFoundError:
@@ -153,7 +153,7 @@ class LocalStorage(CheckpointStorage):
                     st = e.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue  # deleted by a concurrent writer while we listed
-                entries.append(Entry(e.name, e.is_dir(follow_symlinks=False), st.st_mtime))
+                entries.append(RootEntry(e.name, e.is_dir(follow_symlinks=False), st.st_mtime))
         return entries
 
     def begin(self, step_dir: str, nonce: str) -> Staging:
@@ -227,14 +227,14 @@ class FsspecStorage(CheckpointStorage):
     def _path(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
 
-    def list_root(self) -> list[Entry]:
+    def list_root(self) -> list[RootEntry]:
         self.fs.invalidate_cache(self.root)
         try:
             infos = self.fs.ls(self.root, detail=True)
         except FileNotFoundError:
             return []
         return [
-            Entry(
+            RootEntry(
                 name=info["name"].rstrip("/").rsplit("/", 1)[-1],
                 is_dir=info.get("type") == "directory",
                 mtime=_info_mtime(info),

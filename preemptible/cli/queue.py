@@ -24,11 +24,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from preemptible._env_names import TOKEN_ENV, URL_ENV
 from preemptible._units import fmt_duration
 from preemptible.errors import PreemptibleError
 
-URL_ENV = "PREEMPTIBLE_QUEUE_URL"
-TOKEN_ENV = "PREEMPTIBLE_TOKEN"
 DEFAULT_PORT = 8470
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 ACTIVE_STATES = ("pending", "running", "preempting")

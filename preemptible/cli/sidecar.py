@@ -15,18 +15,15 @@ from typing import Annotated
 
 import typer
 
+from preemptible._env_names import COST_FILE_ENV, LOG_LEVEL_ENV, SERVICE_ACCOUNT_DIR_ENV
 from preemptible.cli._common import fail
 from preemptible.errors import PreemptibleError
 
 # Spelled out rather than imported: `preemptible.runtime.sidecar` imports torch (through
 # `preemptible.checkpoint`), which `preemptible --help` must not pay for. A test checks that
-# they equal the constants of `preemptible.runtime.cost_file`, `preemptible.runtime.sidecar`
-# and the reporter.
-COST_FILE_ENV = "PREEMPTIBLE_COST_FILE"
-SERVICE_ACCOUNT_DIR_ENV = "PREEMPTIBLE_SERVICE_ACCOUNT_DIR"
+# they equal the constants of `preemptible.runtime.sidecar` and the reporter.
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEFAULT_POLL_S = 1.0
-LOG_LEVEL_ENV = "PREEMPTIBLE_LOG_LEVEL"
 
 CostFileOpt = Annotated[
     Path | None,

@@ -23,9 +23,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
+from preemptible._env_names import COST_FILE_ENV
 from preemptible.checkpoint import CheckpointCost, Checkpointer
 from preemptible.errors import ConfigError, PreemptibleError
-from preemptible.runtime.cost_file import COST_FILE_ENV, write_cost_file
+from preemptible.runtime.cost_file import write_cost_file
 from preemptible.runtime.deadline import GRACE_SAFETY, GraceCheck
 from preemptible.runtime.elastic import StepAgreement
 from preemptible.runtime.env import RunEnv, check_signal_setup

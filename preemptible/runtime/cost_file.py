@@ -20,8 +20,6 @@ from preemptible._files import replace_atomically
 from preemptible.checkpoint.stats import CheckpointCost, Summary
 from preemptible.errors import ConfigError
 
-COST_FILE_ENV = "PREEMPTIBLE_COST_FILE"
-
 _FIX = "it is written by preemptible's Context (write_cost_file): let nothing else write there"
 
 

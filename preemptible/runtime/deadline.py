@@ -35,17 +35,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from preemptible._env_names import GRACE_ENV, POD_GRACE_ENV, SLURM_SIGNAL_ENV
 from preemptible.errors import ConfigError
 from preemptible.runtime.env import seconds_from_env
-
-GRACE_ENV = "PREEMPTIBLE_GRACE_SECONDS"
-"""Grace period in seconds, set by the queue manager or the user; beats every other source."""
-
-SLURM_SIGNAL_ENV = "PREEMPTIBLE_SLURM_SIGNAL_SECONDS"
-"""Mirror of ``sbatch --signal=...@N``: a number of seconds, or the ``--signal`` value itself."""
-
-POD_GRACE_ENV = "PREEMPTIBLE_POD_GRACE_SECONDS"
-"""Set by the pod spec to its ``terminationGracePeriodSeconds`` (Kubernetes does not expose it)."""
 
 GRACE_SAFETY = 1.5
 """A grace shorter than this many saves (p95) is warned about: a save on a busy disk or a loaded
@@ -61,7 +53,7 @@ _KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][\w:/]*)=")
 _SIGNAL_SPEC = re.compile(r"^(?:[RB]{1,2}:)?(?P<sig>[A-Za-z0-9]+)(?:@(?P<secs>\d+))?$")
 
 # (argv, timeout) -> stdout, or None when the command is missing, fails or times out.
-Runner = Callable[[list[str], float], str | None]
+CommandRunner = Callable[[list[str], float], str | None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +85,7 @@ def _fix_for(source: str) -> str:
     }.get(source, "")
 
 
-def discover_grace(env: Mapping[str, str], *, runner: Runner | None = None) -> Grace:
+def discover_grace(env: Mapping[str, str], *, runner: CommandRunner | None = None) -> Grace:
     """Find the grace period of this job, from the most to the least authoritative source.
 
     Args:
@@ -220,7 +212,7 @@ def _is_signal_name(name: str) -> bool:
     return hasattr(signal, upper if upper.startswith("SIG") else f"SIG{upper}")
 
 
-def _slurm_grace(env: Mapping[str, str], runner: Runner) -> Grace:
+def _slurm_grace(env: Mapping[str, str], runner: CommandRunner) -> Grace:
     candidates: list[tuple[float, str]] = []
     lead = _slurm_signal_seconds(env)
     if lead is not None:

@@ -15,6 +15,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from preemptible._env_names import LAUNCH_ENV, LAUNCH_TRANSLATES_ENV
 from preemptible.errors import ConfigError
 
 TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT_SECS = 30.0
@@ -27,12 +28,6 @@ TORCHRUN_DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (
     signal.SIGQUIT,
 )
 """What torchrun handles (and forwards) when ``--signals-to-handle`` is not given."""
-
-LAUNCH_ENV = "PREEMPTIBLE_LAUNCH_PID"
-"""Set by ``preemptible launch`` for its child: signals reach this process through it."""
-
-LAUNCH_TRANSLATES_ENV = "PREEMPTIBLE_LAUNCH_TRANSLATES"
-"""Comma-separated signals that ``preemptible launch`` turns into SIGTERM for its child."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,10 +21,10 @@ import math
 import os
 from dataclasses import dataclass
 
+from preemptible._env_names import MTBF_ENV
 from preemptible.errors import ConfigError
 from preemptible.runtime.env import seconds_from_env
 
-MTBF_ENV = "PREEMPTIBLE_MTBF_SECONDS"
 DEFAULT_MTBF_SECONDS = 4 * 3600.0
 
 

@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
+from preemptible._env_names import LAUNCH_ENV, LAUNCH_TRANSLATES_ENV
 from preemptible.errors import ConfigError, GuardError
-from preemptible.runtime.env import LAUNCH_ENV, LAUNCH_TRANSLATES_ENV
 from preemptible.runtime.signals import UNCATCHABLE_SIGNALS, restorable
 
 FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

@@ -27,13 +27,11 @@ from typing import Any
 
 import httpx
 
+from preemptible._env_names import JOB_ID_ENV, TOKEN_ENV, URL_ENV
 from preemptible.checkpoint import CheckpointCost
 
 log = logging.getLogger("preemptible")
 
-URL_ENV = "PREEMPTIBLE_QUEUE_URL"
-JOB_ID_ENV = "PREEMPTIBLE_JOB_ID"
-TOKEN_ENV = "PREEMPTIBLE_TOKEN"
 
 NOTICE_WAIT_S = 30.0
 """How long one notice long-poll waits on the server."""

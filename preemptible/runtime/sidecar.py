@@ -32,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NamedTuple
 
+from preemptible._env_names import SERVICE_ACCOUNT_DIR_ENV
 from preemptible.checkpoint.stats import CheckpointCost
 from preemptible.errors import BackendNotInstalledError, ConfigError
 from preemptible.runtime.cost_file import read_cost_file
@@ -40,8 +41,6 @@ from preemptible.runtime.reporters.kubernetes import SERVICE_ACCOUNT_DIR
 
 log = logging.getLogger("preemptible.runtime.sidecar")
 
-SERVICE_ACCOUNT_DIR_ENV = "PREEMPTIBLE_SERVICE_ACCOUNT_DIR"
-"""Where the sidecar reads its service account (token, ``ca.crt``, namespace); tests set it."""
 
 DEFAULT_POLL_S = 1.0
 

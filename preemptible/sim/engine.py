@@ -62,7 +62,7 @@ class SimOptions:
 
 
 @dataclass(slots=True)
-class JobRecord:
+class JobHistory:
     """What happened to one job."""
 
     trace: TraceJob
@@ -94,7 +94,7 @@ class SimResult:
     """Per-job records and the aggregates the metrics and plots need."""
 
     policy: str
-    records: list[JobRecord]
+    records: list[JobHistory]
     gpus: int
     weights: dict[str, float]
     start_s: float
@@ -154,7 +154,7 @@ class Simulator:
         self.shell = Shell(config, policy, preemption_retry_s=options.preemption_retry_s)
         self.state = self.shell.state
         self.tracker = self.shell.tracker
-        self.records: dict[str, JobRecord] = {}
+        self.records: dict[str, JobHistory] = {}
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
 
@@ -168,7 +168,7 @@ class Simulator:
         """Simulate until every job has completed."""
         wall = time.perf_counter()
         for tj in self.jobs:
-            self.records[tj.job_id] = JobRecord(trace=tj)
+            self.records[tj.job_id] = JobHistory(trace=tj)
             self._push(tj.submit_s, _ARRIVE, tj.job_id)
         start = min((tj.submit_s for tj in self.jobs), default=0.0)
         self.tracker.advance(start)
@@ -229,7 +229,7 @@ class Simulator:
 
     # --- events ------------------------------------------------------------------------------
 
-    def _core_job(self, rec: JobRecord) -> Job:
+    def _core_job(self, rec: JobHistory) -> Job:
         tj = rec.trace
         ckpt = tj.checkpoint_s if tj.checkpoint_s is not None else self.options.default_checkpoint_s
         estimate = None
@@ -274,7 +274,7 @@ class Simulator:
         rec.pending_since = now
         self.state.submit(self._core_job(rec))
 
-    def _release(self, rec: JobRecord, now: float) -> None:
+    def _release(self, rec: JobHistory, now: float) -> None:
         self.shell.release(rec.trace.job_id, now)
         rec.admitted_gpu_s += rec.trace.gpus * (now - rec.run_start_s)
         rec.runs.append((rec.run_start_s, now))
@@ -296,10 +296,10 @@ class Simulator:
         remaining = rec.trace.duration_s - rec.saved_s
         self._push(now + job.restore_s + remaining, _FINISH, job.id, rec.run_token)
 
-    def _progress_at(self, rec: JobRecord, t: float) -> float:
+    def _progress_at(self, rec: JobHistory, t: float) -> float:
         return rec.saved_s + max(0.0, t - rec.run_start_s - rec.run_restore_s)
 
-    def _checkpointed_at(self, rec: JobRecord, t: float) -> tuple[float, float]:
+    def _checkpointed_at(self, rec: JobHistory, t: float) -> tuple[float, float]:
         """(progress saved, time from which work is unsaved) by regular checkpoints up to t.
 
         Without a checkpoint in this run that time is the end of its restore, not its start:

@@ -19,25 +19,16 @@ that the drain at the end of a finite trace, when demand has stopped, does not c
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple, get_args
 
+from preemptible._percentile import nearest_rank
 from preemptible._units import fmt_duration
 from preemptible.queue.core import PreemptKind
-from preemptible.sim.engine import JobRecord, SimResult
+from preemptible.sim.engine import JobHistory, SimResult
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of unsorted values; 0.0 for none."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, math.ceil(q / 100.0 * len(ordered)) - 1))
-    return ordered[k]
-
-
-def _metrics(records: Sequence[JobRecord], available_gpu_s: float, hours: float) -> dict[str, Any]:
+def _metrics(records: Sequence[JobHistory], available_gpu_s: float, hours: float) -> dict[str, Any]:
     waits = [r.wait_s for r in records]
     jcts = [(r.end_s or 0.0) - r.trace.submit_s for r in records]
     admitted = sum(r.admitted_gpu_s for r in records)
@@ -51,12 +42,12 @@ def _metrics(records: Sequence[JobRecord], available_gpu_s: float, hours: float)
             lost_by_kind[kind] += amount
     return {
         "jobs": len(records),
-        "p50_wait_s": percentile(waits, 50),
-        "p95_wait_s": percentile(waits, 95),
+        "p50_wait_s": nearest_rank(waits, 0.50),
+        "p95_wait_s": nearest_rank(waits, 0.95),
         "max_wait_s": max(waits, default=0.0),
         "mean_wait_s": sum(waits) / len(waits) if waits else 0.0,
         "mean_jct_s": sum(jcts) / len(jcts) if jcts else 0.0,
-        "p95_jct_s": percentile(jcts, 95),
+        "p95_jct_s": nearest_rank(jcts, 0.95),
         "utilization": admitted / available_gpu_s if available_gpu_s else 0.0,
         "goodput": (admitted - lost) / available_gpu_s if available_gpu_s else 0.0,
         "gpu_s_admitted": admitted,
@@ -77,7 +68,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
     horizon = max(result.end_s - result.start_s, 1e-9)
     available = result.gpus * horizon
     hours = horizon / 3600.0
-    by_queue: dict[str, list[JobRecord]] = {name: [] for name in result.weights}
+    by_queue: dict[str, list[JobHistory]] = {name: [] for name in result.weights}
     for rec in result.records:
         by_queue.setdefault(rec.trace.queue, []).append(rec)
     queues = {name: _metrics(recs, available, hours) for name, recs in by_queue.items() if recs}

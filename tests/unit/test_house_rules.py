@@ -7,6 +7,7 @@ can fail.
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 from pathlib import Path
 
@@ -98,12 +99,55 @@ def import_circles(root: Path) -> list[list[str]]:
     return sorted(sorted(c) for c in circles if c)
 
 
+def names_defined_twice(root: Path) -> dict[str, list[str]]:
+    """Classes and type aliases (a capitalised name bound at module level) that two modules
+    of the package define: a newcomer must never have to ask which `Notice` is meant."""
+    where: dict[str, list[str]] = {}
+    for path in sorted((root / "preemptible").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                name = node.name
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if len(targets) != 1 or not isinstance(targets[0], ast.Name):
+                    continue
+                name = targets[0].id
+                if not name[:1].isupper() or name.isupper():
+                    continue  # a constant, not a type
+            else:
+                continue
+            where.setdefault(name, []).append(str(path.relative_to(root)))
+    return {name: paths for name, paths in where.items() if len(paths) > 1}
+
+
+def env_names_spelled_out(root: Path) -> list[str]:
+    """`PREEMPTIBLE_*` variable names written as a string outside `_env_names.py`, where the
+    manager and the SDK both take them from."""
+    found = []
+    for path in sorted((root / "preemptible").rglob("*.py")):
+        if path.name == "_env_names.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            value = node.value if isinstance(node, ast.Constant) else None
+            if isinstance(value, str) and re.fullmatch(r"PREEMPTIBLE_[A-Z0-9_]+", value):
+                found.append(f"{path.relative_to(root)}: {value}")
+    return found
+
+
 def test_every_rule_of_the_house_holds():
     assert broken_rules(ROOT) == []
 
 
 def test_no_two_modules_import_each_other():
     assert import_circles(ROOT) == []
+
+
+def test_one_class_per_name():
+    assert names_defined_twice(ROOT) == {}
+
+
+def test_every_environment_variable_is_named_in_one_place():
+    assert env_names_spelled_out(ROOT) == []
 
 
 def test_each_rule_broken_on_purpose_is_caught(tmp_path):
@@ -130,3 +174,11 @@ def test_each_rule_broken_on_purpose_is_caught(tmp_path):
     edge.write_text(edge.read_text() + "from preemptible.queue.service import api\n")
     circle = ["preemptible.queue.service.api", "preemptible.queue.service.http_edge"]
     assert circle in import_circles(tmp_path)
+    api = tmp_path / "preemptible/queue/service/api.py"
+    api.write_text(api.read_text() + 'Tier = Literal["critical", "high", "normal", "low"]\n')
+    queue_link = tmp_path / "preemptible/runtime/queue_link.py"
+    queue_link.write_text(queue_link.read_text() + 'OLD_URL_ENV = "PREEMPTIBLE_URL"\n')
+    assert env_names_spelled_out(tmp_path) == ["preemptible/runtime/queue_link.py: PREEMPTIBLE_URL"]
+    assert names_defined_twice(tmp_path) == {
+        "Tier": ["preemptible/queue/core/model.py", "preemptible/queue/service/api.py"]
+    }

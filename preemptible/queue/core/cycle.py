@@ -55,7 +55,7 @@ from preemptible.queue.core.model import (
     RunningJob,
     SearchKey,
 )
-from preemptible.queue.core.ordering import Entry, PendingOrder
+from preemptible.queue.core.ordering import HeapEntry, PendingOrder
 from preemptible.queue.core.patience import ReclaimPatience
 from preemptible.queue.core.placement import Placement
 from preemptible.queue.core.policy import Policy
@@ -246,7 +246,7 @@ class _Cycle:
             if step is Step.NEXT:
                 self._push_next(heap, pos, gkey)
 
-    def _push_next(self, heap: list[Entry], pos: dict[GroupKey, int], gkey: GroupKey) -> None:
+    def _push_next(self, heap: list[HeapEntry], pos: dict[GroupKey, int], gkey: GroupKey) -> None:
         """Push the group's next job the cycle has not started yet, if any."""
         jobs = self.st.groups[gkey].jobs
         i = pos[gkey] + 1

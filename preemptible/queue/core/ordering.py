@@ -40,7 +40,7 @@ NO_RECLAIMER = max(t.rank for t in Tier) + 1
 quota."""
 
 
-class Entry(NamedTuple):
+class HeapEntry(NamedTuple):
     """A pending group's head in the walk's heap: the lowest entry is looked at first."""
 
     key: tuple[float, ...]
@@ -88,11 +88,11 @@ class PendingOrder:
         borrower of this tier or a higher one is ordered in this tier after that work, which
         would reclaim whatever it is given."""
 
-    def entry(self, job: Job, group: GroupKey) -> Entry:
+    def entry(self, job: Job, group: GroupKey) -> HeapEntry:
         """`job`'s heap entry, as the head of `group`."""
-        return Entry(self.key(job), job.submitted_at, job.id, group, self.version[job.queue])
+        return HeapEntry(self.key(job), job.submitted_at, job.id, group, self.version[job.queue])
 
-    def is_stale(self, entry: Entry) -> bool:
+    def is_stale(self, entry: HeapEntry) -> bool:
         """Whether `entry`'s queue changed since its key was computed."""
         return entry.version != self.version[entry.group[0]]
 

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
+from preemptible._env_names import PREFIX as MANAGER_ONLY_PREFIX
 from preemptible.errors import QueueError, StateStoreError
 from preemptible.queue.service import runner
 
@@ -37,10 +38,6 @@ _T = TypeVar("_T")
 RUNNER_ARGV = (sys.executable, "-I", "-S", runner.__file__)
 """How the runner starts: as a script in isolated mode, untouched by the job's PYTHON* variables
 and by ``preemptible/__init__.py``, in about 12 ms."""
-
-MANAGER_ONLY_PREFIX = "PREEMPTIBLE_"
-"""The manager's own variables of this prefix (its admin token, or a SLURM lead time that does not
-apply to jobs) are not inherited; a job's PREEMPTIBLE_* variables come from its ``LaunchSpec``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -9,9 +9,9 @@ since the first submission when that is shorter.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
+from preemptible._percentile import nearest_rank
 from preemptible.queue.service.records import JobRecord
 from preemptible.queue.service.views import JobState, SignalsView, StatsView
 
@@ -35,7 +35,7 @@ def _signals(records: Sequence[JobRecord], *, gpus: int, now: float, span: float
     # epoch seconds cannot resolve (now - (now - 1e-9) == 0.0).
     since = now - span
     waits = [w for r in records for at, w in r.waits if at >= since]
-    waits += [now - r.pending_since for r in records if r.state == JobState.PENDING.value]
+    waits += [now - r.pending_since for r in records if r.state == JobState.PENDING]
     admitted = sum(
         r.gpus * max(0.0, min(now if end < 0 else end, now) - max(start, since))
         for r in records
@@ -58,7 +58,4 @@ def _signals(records: Sequence[JobRecord], *, gpus: int, now: float, span: float
 
 
 def _p95(values: list[float]) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+    return nearest_rank(values, 0.95)

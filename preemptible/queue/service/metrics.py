@@ -28,6 +28,7 @@ from prometheus_client.metrics_core import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from preemptible._percentile import nearest_rank
 from preemptible.queue.service.views import SignalsView, StatsView
 
 PREFIX = "preemptible_queue"
@@ -159,26 +160,20 @@ def _le(bound: float) -> str:
 
 def _cycle_metrics(durations: Any) -> Iterator[Metric]:
     # Quantiles of the recent cycles, beside the histogram since start: what the loop does now.
-    recent = sorted(float(d) for d in durations) if isinstance(durations, Sequence) else []
+    recent = [float(d) for d in durations] if isinstance(durations, Sequence) else []
     quantiles = GaugeMetricFamily(
         f"{PREFIX}_cycle_seconds",
         "Duration of recent scheduling cycles (quantile over the cycles the manager keeps)",
         labels=["quantile"],
     )
     for q in CYCLE_QUANTILES if recent else ():
-        quantiles.add_metric([f"{q:g}"], _quantile(recent, q))
+        quantiles.add_metric([f"{q:g}"], nearest_rank(recent, q))
     yield quantiles
     count = GaugeMetricFamily(
         f"{PREFIX}_cycle_window_cycles", "How many recent cycles the quantiles are over"
     )
     count.add_metric([], float(len(recent)))
     yield count
-
-
-def _quantile(ordered: Sequence[float], q: float) -> float:
-    """Nearest-rank quantile of a sorted, non-empty sequence."""
-    rank = max(1, math.ceil(q * len(ordered)))
-    return ordered[rank - 1]
 
 
 def _signal_metrics(stats: StatsView) -> Iterator[Metric]:

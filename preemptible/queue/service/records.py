@@ -8,12 +8,19 @@ from typing import Any
 
 from preemptible.queue.core import Job, Resources, Tier
 from preemptible.queue.core.negotiation import effective_save_s
+from preemptible.queue.service.executor import ProcessHandle
 from preemptible.queue.service.views import CostView, JobState, JobView
+
+_COST_FIELDS = tuple(
+    f.name for f in dataclasses.fields(CostView) if f.name != "observed_exit_seconds"
+)
 
 
 @dataclass(kw_only=True, slots=True)
-class Notice:
-    """A notice sent to a running job: it should save and exit by `deadline`."""
+class SentNotice:
+    """A notice the manager sent to a running job: it should save and exit by `deadline`.
+
+    (The job's side of it is `preemptible.runtime.signals.Notice`.)"""
 
     reason: str
     grace_s: float
@@ -36,7 +43,7 @@ class JobRecord:
     id: str
     name: str
     queue: str
-    tier: str
+    tier: Tier
     gpus: int
     cpus: float
     memory_gb: float
@@ -46,15 +53,16 @@ class JobRecord:
     env: dict[str, str]
     cwd: str | None
     submitted_at: float
-    state: str = JobState.PENDING.value
+    state: JobState = JobState.PENDING
     reason: str = "pending: submitted"
     pending_since: float = 0.0
     attempts: int = 0
     started_at: float | None = None
     finished_at: float | None = None
     exit_code: int | None = None
-    cost: dict[str, Any] = field(default_factory=dict)
-    """The last cost report (the cost file's fields)."""
+    cost: CostView | None = None
+    """The last cost report, as the job sent it (`observed_exit_seconds` is never set here:
+    what the manager saw is `observed_exit_s`)."""
     observed_exit_s: float | None = None
     """How long the job last took from SIGTERM to exit."""
     grace_s: float = 0.0
@@ -66,11 +74,11 @@ class JobRecord:
     preemptions: int = 0
     last_checkpoint_at: float | None = None
     last_checkpoint_step: int | None = None
-    handle: dict[str, Any] | None = None
+    handle: ProcessHandle | None = None
     """The executor's handle of the current attempt (None before launch or after exit)."""
     gpu_ids: list[int] = field(default_factory=list)
     launch_error: str | None = None
-    notice: Notice | None = None
+    notice: SentNotice | None = None
     cancel_requested: bool = False
     runs: list[list[float]] = field(default_factory=list)
     """[start, end] of every attempt (end = -1 while it runs)."""
@@ -80,41 +88,57 @@ class JobRecord:
     """[time, GPU-seconds lost] of every preemption."""
 
     @property
-    def job_state(self) -> JobState:
-        return JobState(self.state)
+    def reported_cost(self) -> bool:
+        """Whether the job has reported its cost: then it saves on notice."""
+        return self.cost is not None
 
     def to_doc(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The record as JSON values; the cost keeps only the fields the job sent."""
+        doc = dataclasses.asdict(self)
+        doc["tier"] = self.tier.value
+        doc["state"] = self.state.value
+        cost = {} if self.cost is None else dataclasses.asdict(self.cost)
+        doc["cost"] = {k: cost[k] for k in _COST_FIELDS if cost.get(k) is not None}
+        return doc
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> JobRecord:
-        notice = doc.get("notice")
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in doc.items() if k in fields}
-        values["notice"] = Notice(**notice) if notice else None
+        values["tier"] = Tier.parse(doc["tier"])
+        values["state"] = JobState(doc.get("state", JobState.PENDING))
+        notice, cost, handle = doc.get("notice"), doc.get("cost"), doc.get("handle")
+        values["notice"] = SentNotice(**notice) if notice else None
+        values["cost"] = (
+            CostView(**{k: cost[k] for k in _COST_FIELDS if k in cost}) if cost else None
+        )
+        values["handle"] = ProcessHandle(**handle) if handle else None
         return cls(**values)
 
     def core_job(self) -> Job:
         """The job as the scheduling core sees it, with its measured cost checked against
         what was observed (`negotiation.effective_save_s`)."""
-        claimed = float(self.cost.get("save_seconds_p95") or 0.0)
+        cost = self.cost or CostView()
+        claimed = cost.save_seconds_p95 or 0.0
         return Job(
             id=self.id,
             queue=self.queue,
             request=Resources(gpus=self.gpus, cpus=self.cpus, memory_gb=self.memory_gb),
-            tier=Tier.parse(self.tier),
+            tier=self.tier,
             submitted_at=self.submitted_at,
             gang=self.gang,
             estimate_s=self.estimate_s,
             save_s=effective_save_s(claimed, self.observed_exit_s),
-            restore_s=float(self.cost.get("restore_seconds") or 0.0),
-            checkpoint_on_notice=bool(self.cost),
+            restore_s=cost.restore_seconds or 0.0,
+            checkpoint_on_notice=self.reported_cost,
             last_preempted_at=self.last_preempted_at,
             preemptions=self.preemptions,
         )
 
     def view(self) -> JobView:
-        cost = self.cost
+        cost = dataclasses.replace(
+            self.cost or CostView(), observed_exit_seconds=self.observed_exit_s
+        )
         return JobView(
             id=self.id,
             name=self.name,
@@ -123,7 +147,7 @@ class JobRecord:
             gpus=self.gpus,
             cpus=self.cpus,
             memory_gb=self.memory_gb,
-            state=self.job_state,
+            state=self.state,
             reason=self.reason,
             submitted_at=self.submitted_at,
             started_at=self.started_at,
@@ -132,15 +156,7 @@ class JobRecord:
             exit_code=self.exit_code,
             grace_s=self.grace_s,
             min_runtime_s=self.min_runtime_s,
-            cost=CostView(
-                save_seconds_p95=cost.get("save_seconds_p95"),
-                stall_seconds_p95=cost.get("stall_seconds_p95"),
-                restore_seconds=cost.get("restore_seconds"),
-                bytes=cost.get("bytes"),
-                last_checkpoint_step=cost.get("last_checkpoint_step"),
-                last_checkpoint_time=cost.get("last_checkpoint_time"),
-                observed_exit_seconds=self.observed_exit_s,
-            ),
+            cost=cost,
             command=list(self.command),
             gpu_ids=list(self.gpu_ids),
         )

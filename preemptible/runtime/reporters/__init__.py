@@ -23,13 +23,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from preemptible._env_names import METRICS_PORT_ENV, REPORTERS_ENV
 from preemptible.checkpoint import CheckpointCost
 from preemptible.runtime.reporters.sink import Deferred, Reporter, ReporterDisabled
 
 log = logging.getLogger("preemptible")
 
-REPORTERS_ENV = "PREEMPTIBLE_REPORTERS"
-"""Comma-separated reporter names (``kubernetes,slurm,prometheus``) or ``none``; unset: auto."""
 MAX_BACKOFF_S = 60.0
 
 __all__ = [
@@ -223,8 +222,11 @@ def from_env(env: Mapping[str, str]) -> Reporters:
             n
             for n, wanted in (
                 ("kubernetes", kubernetes.in_pod(env)),
-                ("slurm", bool(env.get(slurm.JOB_ID_ENV)) and shutil.which("scontrol") is not None),
-                ("prometheus", bool(env.get(prometheus.PORT_ENV))),
+                (
+                    "slurm",
+                    bool(env.get(slurm.SLURM_JOB_ID_ENV)) and shutil.which("scontrol") is not None,
+                ),
+                ("prometheus", bool(env.get(METRICS_PORT_ENV))),
             )
             if wanted
         ]

@@ -22,12 +22,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from preemptible._env_names import ANNOTATION_PREFIX_ENV
 from preemptible.checkpoint import CheckpointCost
 from preemptible.errors import BackendNotInstalledError, ConfigError
 from preemptible.runtime.reporters.sink import Deferred, ReporterDisabled
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-PREFIX_ENV = "PREEMPTIBLE_ANNOTATION_PREFIX"
 DEFAULT_PREFIX = "preemptible.dev/"
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -121,7 +121,7 @@ class PodAnnotations:
         )
         loader.load_and_set(config)  # type: ignore[no-untyped-call]
         api = client.CoreV1Api(client.ApiClient(config))
-        prefix = env.get(PREFIX_ENV) or DEFAULT_PREFIX
+        prefix = env.get(ANNOTATION_PREFIX_ENV) or DEFAULT_PREFIX
         return cls(api, pod, namespace, prefix=prefix, **options)
 
     def wait_before_patch(self, cost: CheckpointCost) -> float:

@@ -12,9 +12,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest, start_http_server
 
+from preemptible._env_names import METRICS_PORT_ENV
 from preemptible.checkpoint import CheckpointCost
-
-PORT_ENV = "PREEMPTIBLE_METRICS_PORT"
 
 
 class PrometheusGauges:
@@ -51,7 +50,7 @@ class PrometheusGauges:
     def from_env(cls, env: Mapping[str, str]) -> PrometheusGauges:
         """The gauges, served on 127.0.0.1:``$PREEMPTIBLE_METRICS_PORT`` when it is set."""
         reporter = cls()
-        port = env.get(PORT_ENV, "").strip()
+        port = env.get(METRICS_PORT_ENV, "").strip()
         if port:
             reporter.serve(int(port))
         return reporter

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from preemptible.checkpoint import CheckpointCost
 from preemptible.runtime.reporters.sink import Deferred
 
-JOB_ID_ENV = "SLURM_JOB_ID"
+SLURM_JOB_ID_ENV = "SLURM_JOB_ID"
 
-Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+SlurmCommand = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 
 
 def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -54,7 +54,7 @@ class SlurmComment:
         self,
         job_id: str,
         *,
-        runner: Runner = _run,
+        runner: SlurmCommand = _run,
         min_interval_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -64,7 +64,7 @@ class SlurmComment:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> SlurmComment | None:
-        job_id = env.get(JOB_ID_ENV, "").strip()
+        job_id = env.get(SLURM_JOB_ID_ENV, "").strip()
         return cls(job_id) if job_id else None
 
     def argv(self, cost: CheckpointCost) -> list[str]:

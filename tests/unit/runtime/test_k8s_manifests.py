@@ -19,9 +19,8 @@ import pytest
 import typer
 import yaml
 
+from preemptible._env_names import COST_FILE_ENV, POD_GRACE_ENV
 from preemptible.cli import app
-from preemptible.runtime.cost_file import COST_FILE_ENV
-from preemptible.runtime.deadline import POD_GRACE_ENV
 from preemptible.runtime.reporters.kubernetes import SERVICE_ACCOUNT_DIR
 from preemptible.runtime.sidecar import SidecarOptions
 
