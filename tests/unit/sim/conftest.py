@@ -16,16 +16,6 @@ def load_benchmark(name: str) -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def quality() -> ModuleType:
-    return load_benchmark("policy_quality")
-
-
-@pytest.fixture(scope="module")
-def draws() -> ModuleType:
-    return load_benchmark("goodput_draws")
-
-
 @pytest.fixture(scope="session")
 def small_trace() -> Path:
     return DATA / "small_trace.csv"
