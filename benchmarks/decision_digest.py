@@ -9,7 +9,8 @@ after a change that must not change decisions and compare the two files:
     ... change the core ...
     .venv/bin/python benchmarks/decision_digest.py --out after.json --compare before.json
 
-Traces are the names of `policy_quality.py` (default: synthetic, chronus-mix1, itp-04, philly).
+Traces are the names of `preemptible.sim.evaluation.named_traces.TRACES` (default: synthetic,
+chronus-mix1, itp-04, philly).
 Exits 1 when `--compare` finds a difference and names each trace and policy that differs.
 """
 
@@ -24,13 +25,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from policy_quality import SHARED, TRACES, load
-
 from preemptible.queue.core import POLICIES, parse_config_text
 from preemptible.sim import Simulator, summarize
 from preemptible.sim.engine import SimResult
+from preemptible.sim.evaluation.named_traces import TRACES, load_named
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+"""The shared traces folder next to the checkout (the Traces section of README.md)."""
 
 DEFAULT_TRACES = "synthetic,chronus-mix1,itp-04,philly"
 
@@ -54,7 +55,7 @@ def fingerprint(result: SimResult) -> str:
 
 
 def replay(trace: str, policy: str) -> tuple[str, str, dict[str, Any]]:
-    jobs, config_text = load(trace, SHARED)
+    jobs, config_text = load_named(trace, SHARED)
     result = Simulator(jobs, parse_config_text(config_text), POLICIES[policy]).run()
     metrics = summarize(result)
     metrics["overall"].pop("sim_seconds", None)

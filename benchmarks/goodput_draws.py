@@ -2,12 +2,12 @@
 
 A replay is chaotic: moving every submission by up to a couple of seconds changes which of two
 close decisions wins, and with it a few tenths of a point of goodput. One run cannot tell
-whether a policy meets the 90% goodput goal of issue 4 on a trace whose goodput sits near it
-(Chronus MIX1). This replays the trace unmoved (draw 0) and under N jitter draws
-(`policy_quality.jittered`, the same moved jobs for every policy), ours beside its peers, and
+whether a policy meets the 90% goodput goal of the named traces on a trace whose goodput sits
+near it (Chronus MIX1). This replays the trace unmoved (draw 0) and under N jitter draws
+(`named_traces.jittered`, the same moved jobs for every policy), ours beside its peers, and
 prints per draw each policy's goodput while arriving, lost work and preemptions, then per
 policy the range over the draws, how many draws meet the goal, and ours against each peer
-draw by draw.
+draw by draw (`preemptible.sim.evaluation.goodput_draws`).
 
     .venv/bin/python benchmarks/goodput_draws.py [--trace chronus-mix1] [--draws 6]
         [--jitter SECONDS] [--policies preemptible,slurm,kueue] [--workers N] [--json out.json]
@@ -16,80 +16,24 @@ draw by draw.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
-import statistics
-import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from preemptible.queue.core import POLICIES
+from preemptible.sim.evaluation.goodput_draws import by_policy, replay
+from preemptible.sim.evaluation.named_traces import TRACES
+from preemptible.sim.evaluation.trace_goals import GOODPUT_GOAL
 
-import policy_quality  # a sibling script, not a package
-
-from preemptible.queue.core import POLICIES, parse_config_text
-from preemptible.sim import Simulator, summarize
-
-GOAL = 0.90
-"""Goodput while arriving that issue 4 asks for where demand exceeds supply."""
-
-
-@functools.cache
-def _load(trace: str, shared: Path):
-    """The trace, imported once per worker process (every replay of a worker reads the same)."""
-    return policy_quality.load(trace, shared)
-
-
-def replay(trace: str, shared: Path, draw: int, jitter_s: float, policy: str) -> dict[str, Any]:
-    """One policy on one draw of the trace (draw 0: as recorded)."""
-    jobs, cfg_text = _load(trace, shared)
-    if draw:
-        jobs = policy_quality.jittered(jobs, jitter_s, draw)
-    started = time.perf_counter()
-    o = summarize(Simulator(jobs, parse_config_text(cfg_text), POLICIES[policy]).run())["overall"]
-    return {
-        "draw": draw,
-        "policy": policy,
-        "goodput_while_arriving": o["goodput_while_arriving"],
-        "lost_share_of_delivered": o["lost_share_of_delivered"],
-        "preemptions": o["preemptions"],
-        "wall_s": time.perf_counter() - started,
-    }
-
-
-def by_policy(runs: list[dict[str, Any]], ours: str = "preemptible") -> dict[str, dict[str, Any]]:
-    """Per policy: goodput range over the draws, draws meeting the goal, and (for a peer) on how
-    many draws ours has the higher goodput and the median of ours / theirs."""
-    goodput: dict[str, dict[int, float]] = {}
-    for r in runs:
-        goodput.setdefault(r["policy"], {})[r["draw"]] = r["goodput_while_arriving"]
-    out: dict[str, dict[str, Any]] = {}
-    for policy, per_draw in goodput.items():
-        values = list(per_draw.values())
-        row: dict[str, Any] = {
-            "draws": len(values),
-            "min": min(values),
-            "median": statistics.median(values),
-            "max": max(values),
-            "meets_goal": sum(v >= GOAL for v in values),
-        }
-        if policy != ours and ours in goodput:
-            common = sorted(per_draw.keys() & goodput[ours].keys())
-            row["ours_higher"] = sum(goodput[ours][d] > per_draw[d] for d in common)
-            row["ours_ratio_median"] = statistics.median(
-                goodput[ours][d] / per_draw[d] for d in common
-            )
-        out[policy] = row
-    return out
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+"""The shared traces folder next to the checkout (the Traces section of README.md)."""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default="chronus-mix1", help="default %(default)s")
-    parser.add_argument("--shared", type=Path, default=policy_quality.SHARED)
+    parser.add_argument("--shared", type=Path, default=SHARED)
     parser.add_argument(
         "--draws", type=int, default=6, help="jitter draws besides the unmoved trace (%(default)s)"
     )
@@ -109,10 +53,8 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="also write every run and the summary here")
     args = parser.parse_args()
-    if args.trace not in policy_quality.TRACES:
-        parser.error(
-            f"unknown trace {args.trace!r}; choose from {', '.join(policy_quality.TRACES)}"
-        )
+    if args.trace not in TRACES:
+        parser.error(f"unknown trace {args.trace!r}; choose from {', '.join(TRACES)}")
     policies = args.policies.split(",")
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
@@ -121,7 +63,7 @@ def main() -> None:
         parser.error("--draws must be 0 or more and --workers 1 or more")
     if not args.jitter > 0:
         parser.error(f"--jitter must be more than 0 seconds, not {args.jitter}")
-    path = policy_quality.TRACES[args.trace]
+    path = TRACES[args.trace]
     if path is not None and not (args.shared / path).exists():
         parser.error(f"trace file missing: {args.shared / path}; pass --shared DIR")
 
@@ -142,7 +84,7 @@ def main() -> None:
                 flush=True,
             )
     summary = by_policy(runs)
-    print(f"\ngoodput while arriving over {args.draws + 1} runs (goal {GOAL:.0%}):")
+    print(f"\ngoodput while arriving over {args.draws + 1} runs (goal {GOODPUT_GOAL:.0%}):")
     for policy, s in summary.items():
         line = (
             f"  {policy:<12} {s['min']:.2%} .. {s['median']:.2%} .. {s['max']:.2%}"

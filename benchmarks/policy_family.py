@@ -13,8 +13,9 @@ as `policy_quality.py` replays). Per draw and policy it keeps:
 - mean JCT, lost GPU-hours, and delivered GPU-hours (held, lost work included, as
   `lost_share_of_delivered` divides by).
 
-The goals, per draw, for ours (issue 23), with waits under 60 s counted as 60 s as in
-docs/evaluation/policy-evaluation.md (so that seconds against zero is no failure):
+The four goals of the policy family (`preemptible.sim.evaluation.family_goals`), per draw, for
+ours, with waits under 60 s counted as 60 s as in docs/evaluation/policy-evaluation.md (so that
+seconds against zero is no failure):
 
 1. goodput at least kueue's and at least the best baseline's minus 2 points;
 2. overall p95 wait at most 1.1x the lowest of the four baselines';
@@ -26,16 +27,17 @@ The same goals also judge each baseline against the other four policies (ours in
 ours in kueue's place where kueue is the one judged: how much the goals ask of any policy.
 
 Beside the goals as written, the report counts them under the readings proposed in
-docs/evaluation/policy-evaluation.md (`PROPOSED`): the p95 wait against the baselines that respect tiers,
-the least-served max wait against those that also let work pass a blocked job (kueue, slurm),
-and lost work under 0.1% of delivered as within kueue's bound whatever kueue loses.
+docs/evaluation/policy-evaluation.md (`family_goals.PROPOSED`): the p95 wait against the
+baselines that respect tiers, the least-served max wait against those that also let work pass a
+blocked job (kueue, slurm), and lost work under 0.1% of delivered as within kueue's bound
+whatever kueue loses.
 
     .venv/bin/python benchmarks/policy_family.py [--draws 40] [--seed-base 0] [--workers N]
         [--only SEED[,SEED]] [--held-out [SEED[,SEED]]] [--json out.json] [--jobs N]
 
 `--only` replays the named draws (the worst draws are printed with that command); `--held-out`
 replays the held-out workload (`family.held_out_workload`, seed 0 or the seeds given) beside the
-numbers the issue reports;
+reference numbers published with its description (`family_goals.HELD_OUT_REFERENCE`);
 `--jobs` shrinks every draw to N jobs for a quick look (its numbers are not the family's).
 Same seeds, same numbers: only the wall times differ between runs.
 """
@@ -44,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import statistics
@@ -52,244 +53,29 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from preemptible.queue.core import POLICIES, Policy, parse_config_text
-from preemptible.sim import Simulator, TraceJob, summarize
-from preemptible.sim.family import Knobs, draw_knobs, held_out_knobs, workload
-
-OURS = "preemptible"
-BASELINES = ("fifo", "priority", "kueue", "slurm")
-TIER_RESPECTING = ("priority", "kueue", "slurm", OURS)
-"""Policies that never let a lower tier pass a higher one (fifo ignores tiers)."""
-QUOTA_BASELINE = "kueue"
-"""The baseline that enforces the same quotas as ours."""
-PASSING = ("kueue", "slurm", OURS)
-"""Tier-respecting policies that let work pass a blocked job (priority holds every GPU for its
-head)."""
-GOALS = ("goodput", "p95_wait", "least_served", "lost")
-GOAL_TITLES = {
-    "goodput": "1. goodput >= kueue's and >= best baseline's - 2 points",
-    "p95_wait": "2. overall p95 wait <= 1.1x best baseline's",
-    "least_served": "3. least-served max wait <= 1.1x best of priority, kueue, slurm",
-    "lost": "4. lost < 1% of delivered and <= half of kueue's",
-}
-READING_TITLES = {
-    "goodput": GOAL_TITLES["goodput"],
-    "p95_wait": "2. overall p95 wait <= 1.1x best of priority, kueue, slurm",
-    "least_served": "3. least-served max wait <= 1.1x best of kueue, slurm",
-    "lost": "4. lost < 1% of delivered and (<= half of kueue's or < 0.1%)",
-}
-FLOOR_S = 60.0
-ISSUE_REPORTED = {
-    "fifo": (0.913, 30.9, 39.1, 18.0, 0.0),
-    "priority": (0.867, 4.3 * 24, 5.7 * 24, 18.4, 0.0),
-    "kueue": (0.879, 47.0, 9.0 * 24, 11.4, 800.0),
-    "slurm": (0.868, 29.4, 7.1 * 24, 9.1, 0.0),
-    OURS: (0.874, 42.6, 8.9 * 24, 10.9, 190.0),
-}
-"""Issue 23's numbers: goodput, p95 wait h, least-served max wait h, mean JCT h, lost GPU-h."""
-WORST = 3
-"""Worst draws named per goal."""
-
-
-class Reading(NamedTuple):
-    """How the goals are read: against which peers each wait is judged, and below which share
-    of delivered the lost work meets the half-of-kueue bound whatever kueue loses."""
-
-    p95_peers: tuple[str, ...]
-    least_served_peers: tuple[str, ...]
-    lost_floor: float
-
-
-AS_WRITTEN = Reading((*BASELINES, OURS), TIER_RESPECTING, 0.0)
-"""Issue 23's goals as written."""
-PROPOSED = Reading(TIER_RESPECTING, PASSING, 0.001)
-"""The readings proposed in docs/evaluation/policy-evaluation.md: fifo ignores tiers, priority lets no
-work pass its blocked head, and where kueue loses nothing half of it allows no preemption."""
-
-
-@functools.cache
-def _workload(knobs: Knobs) -> tuple[list[TraceJob], str]:
-    """Generated once per worker process and draw (each policy's task needs the same)."""
-    return workload(knobs)
-
-
-def replay(knobs: Knobs, policy: str, switches: dict[str, bool] | None = None) -> dict[str, Any]:
-    """One draw under one policy (ours with `switches` changed): the numbers the goals read."""
-    jobs, cfg = _workload(knobs)
-    started = time.perf_counter()
-    rules = POLICIES[policy]
-    if policy == OURS and switches:
-        rules = dataclasses.replace(rules, **switches)
-    o = summarize(Simulator(jobs, parse_config_text(cfg), rules).run())["overall"]
-    submits = [j.submit_s for j in jobs]
-    return {
-        "policy": policy,
-        "goodput": o["goodput_while_arriving"],
-        "p95_wait_s": o["p95_wait_s"],
-        "least_served_max_wait_s": o["max_wait_least_served_s"],
-        "least_served_queue": o["least_served_queue"],
-        "mean_jct_s": o["mean_jct_s"],
-        "lost_gpu_h": o["lost_gpu_s"] / 3600.0,
-        "delivered_gpu_h": o["gpu_s_admitted"] / 3600.0,
-        "offered_gpu_h": o["gpus"] * (max(submits) - min(submits)) / 3600.0,
-        "lost_gpu_h_by_kind": {k: v / 3600.0 for k, v in o["lost_gpu_s_by_kind"].items()},
-        "demand_ratio": o["demand_ratio"],
-        "preemptions": o["preemptions"],
-        "jobs": o["jobs"],
-        "wall_s": time.perf_counter() - started,
-    }
-
-
-def _floored(wait_s: float) -> float:
-    return max(wait_s, FLOOR_S)
-
-
-def _best(metrics: dict[str, dict[str, Any]], among: list[str], key: str, *, low: bool) -> str:
-    """The policy of `among` with the lowest (or highest) `key`; ties go to the first listed."""
-    pick = min if low else max
-    return pick(among, key=lambda p: metrics[p][key])
-
-
-def judge(
-    metrics: dict[str, dict[str, Any]], judged: str = OURS, reading: Reading = AS_WRITTEN
-) -> dict[str, dict[str, Any]]:
-    """The four goals for `judged` on one draw, given every policy's numbers.
-
-    Against the other policies: the "best baseline" is the best of the others, each wait's
-    peers are the others that `reading` names for it, and the quota peer is kueue (ours where
-    kueue is judged). For ours read `AS_WRITTEN` these are exactly the baselines the goals
-    name. Each goal gives `met`, the numbers compared, and `excess`: how far past its bound the
-    judged policy is (above 0: missed; the worst draws are those with the largest): in points
-    of goodput for goal 1, as the ratio to the bound minus 1 for the waits, and for lost work
-    as the GPU-hours lost beyond the smaller bound, as a share of delivered. Goals 1 and 4
-    also say which of their two bounds held (`vs_quota_peer`, `vs_best`, `under_1pct`).
-    """
-    others = [p for p in metrics if p != judged]
-    quota_peer = QUOTA_BASELINE if judged != QUOTA_BASELINE else OURS
-    m = metrics[judged]
-    out: dict[str, dict[str, Any]] = {}
-
-    # 1. goodput: the binding bound is the higher of the quota peer's and best - 2 points.
-    best = _best(metrics, others, "goodput", low=False)
-    bound = max(metrics[quota_peer]["goodput"], metrics[best]["goodput"] - 0.02)
-    out["goodput"] = {
-        "ours": m["goodput"],
-        "best": metrics[best]["goodput"],
-        "best_policy": best,
-        "quota_peer": metrics[quota_peer]["goodput"],
-        "excess": bound - m["goodput"],
-        "vs_quota_peer": m["goodput"] >= metrics[quota_peer]["goodput"],
-        "vs_best": m["goodput"] >= metrics[best]["goodput"] - 0.02,
-        "met": m["goodput"] >= bound,
-    }
-    # 2. and 3. waits: at most 1.1x the lowest of the peers'.
-    for goal, key, peers in (
-        ("p95_wait", "p95_wait_s", reading.p95_peers),
-        ("least_served", "least_served_max_wait_s", reading.least_served_peers),
-    ):
-        peers = [p for p in others if p in peers]
-        best = _best(metrics, peers, key, low=True)
-        ratio = _floored(m[key]) / _floored(metrics[best][key])
-        out[goal] = {
-            "ours": m[key],
-            "best": metrics[best][key],
-            "best_policy": best,
-            "ratio": ratio,
-            "excess": ratio / 1.1 - 1.0,
-            "met": ratio <= 1.1,
-        }
-    # 4. lost work: under 1% of delivered and at most half the quota peer's (or, read so,
-    # under the floor).
-    share = m["lost_gpu_h"] / m["delivered_gpu_h"] if m["delivered_gpu_h"] else 0.0
-    half = 0.5 * metrics[quota_peer]["lost_gpu_h"]
-    floor = reading.lost_floor * m["delivered_gpu_h"]
-    allowed = min(0.01 * m["delivered_gpu_h"], max(half, floor))
-    out["lost"] = {
-        "ours": m["lost_gpu_h"],
-        "share": share,
-        "quota_peer": metrics[quota_peer]["lost_gpu_h"],
-        "excess": (m["lost_gpu_h"] - allowed) / max(m["delivered_gpu_h"], 1e-9),
-        "under_1pct": share < 0.01,
-        "vs_quota_peer": m["lost_gpu_h"] <= half,
-        "met": share < 0.01 and (m["lost_gpu_h"] <= half or share < reading.lost_floor),
-    }
-    out["all"] = {"met": all(out[g]["met"] for g in GOALS)}
-    return out
-
-
-def draw_report(name: str, knobs: Knobs, metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One draw: its knobs, every policy's numbers, ours judged, and every policy judged."""
-    return {
-        "name": name,
-        "seed": knobs.seed,
-        "knobs": dataclasses.asdict(knobs),
-        "summary": knobs.summary(),
-        "policies": metrics,
-        "goals": judge(metrics),
-        "goals_by_policy": {p: judge(metrics, p) for p in metrics},
-        "proposed_by_policy": {p: judge(metrics, p, PROPOSED) for p in metrics},
-    }
-
-
-def counts(draws: list[dict[str, Any]], key: str = "goals_by_policy") -> dict[str, dict[str, int]]:
-    """Per policy, on how many draws it meets each goal and all four together (as written, or
-    under the proposed readings with `key="proposed_by_policy"`)."""
-    out: dict[str, dict[str, int]] = {}
-    for d in draws:
-        for policy, goals in d[key].items():
-            n = out.setdefault(policy, dict.fromkeys((*GOALS, "all"), 0))
-            for goal in (*GOALS, "all"):
-                n[goal] += goals[goal]["met"]
-    return out
-
-
-CLAUSES = {
-    "goodput": {"vs_quota_peer": ">= kueue's", "vs_best": ">= best - 2 points"},
-    "lost": {"under_1pct": "< 1% of delivered", "vs_quota_peer": "<= half of kueue's"},
-}
-"""The two bounds of goals 1 and 4, counted apart for ours."""
-
-
-def clause_counts(draws: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """For goals 1 and 4, on how many draws ours meets each of the two bounds."""
-    return {
-        goal: {c: sum(d["goals"][goal][c] for d in draws) for c in names}
-        for goal, names in CLAUSES.items()
-    }
-
-
-def lost_by_kind(draws: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
-    """Ours' lost GPU-hours per rule that sent the notice (`PreemptKind`): summed over all
-    draws, and over the draws where ours misses goal 4."""
-    out: dict[str, tuple[float, float]] = {}
-    for d in draws:
-        missed = not d["goals"]["lost"]["met"]
-        for kind, lost in d["policies"][OURS]["lost_gpu_h_by_kind"].items():
-            total, on_misses = out.get(kind, (0.0, 0.0))
-            out[kind] = (total + lost, on_misses + lost * missed)
-    return out
-
-
-def gain_per_lost(draws: list[dict[str, Any]]) -> dict[str, float]:
-    """Where ours misses goal 4 only for losing more than half of what kueue loses: per draw,
-    the useful GPU-hours ours delivers beyond kueue's while jobs arrive (the goodput goal's
-    window), per GPU-hour ours loses; above 0 where ours' goodput is above kueue's."""
-    out = {}
-    for d in draws:
-        lost = d["goals"]["lost"]
-        if lost["met"] or not lost["under_1pct"]:
-            continue
-        ours, kueue = d["policies"][OURS], d["policies"][QUOTA_BASELINE]
-        gained = (ours["goodput"] - kueue["goodput"]) * ours["offered_gpu_h"]
-        out[d["name"]] = gained / ours["lost_gpu_h"]
-    return out
-
-
-def worst(draws: list[dict[str, Any]], goal: str, n: int = WORST) -> list[dict[str, Any]]:
-    """The `n` draws where ours is furthest past the goal's bound (missed or not), worst first."""
-    return sorted(draws, key=lambda d: (-d["goals"][goal]["excess"], d["seed"]))[:n]
+from preemptible.queue.core import POLICIES, Policy
+from preemptible.sim.evaluation.family_goals import (
+    BASELINES,
+    GOAL_TITLES,
+    GOALS,
+    HELD_OUT_REFERENCE,
+    OURS,
+    READING_TITLES,
+    replay,
+)
+from preemptible.sim.evaluation.family_summary import (
+    CLAUSES,
+    ceiling,
+    clause_counts,
+    counts,
+    draw_report,
+    gain_per_lost,
+    lost_by_kind,
+    worst,
+)
+from preemptible.sim.family import Knobs, draw_knobs, held_out_knobs
 
 
 def run(
@@ -464,7 +250,7 @@ def print_held_out(d: dict[str, Any]) -> None:
         f"{'lost GPU-h':>12}   reported: goodput, p95, least-served, JCT, lost"
     )
     for policy, r in d["policies"].items():
-        g, p95, ls, jct, lost = ISSUE_REPORTED[policy]
+        g, p95, ls, jct, lost = HELD_OUT_REFERENCE[policy]
         print(
             f"{policy:<12}{r['goodput']:>9.1%}{_h(r['p95_wait_s']):>10}"
             f"{_h(r['least_served_max_wait_s']):>14}{_h(r['mean_jct_s']):>10}"
@@ -475,38 +261,6 @@ def print_held_out(d: dict[str, Any]) -> None:
         + ", ".join(f"{g} {_mark(d['goals'][g]['met'])}" for g in GOALS)
         + f" (demand {d['policies'][OURS]['demand_ratio']:.3f}x)\n"
     )
-
-
-def ceiling(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """What choosing, per draw and with hindsight, the best of several known policies would
-    meet: each run's ours (one variant per ``--json`` file, named by it) and the four baselines
-    of the first run, each judged as ours is, against the same four baselines.
-
-    A draw counts for a goal when some candidate meets it there, and for all four when one
-    candidate meets all four. Not a bound on what any policy could do: a yardstick for the
-    target, from schedules that exist.
-    """
-    first = next(iter(runs.values()))
-    by_name = [{d["name"]: d for d in draws} for draws in runs.values()]
-    met = dict.fromkeys((*GOALS, "all"), 0)
-    per_draw: dict[str, list[str]] = {}
-    for d in first:
-        base = {p: d["policies"][p] for p in BASELINES}
-        candidates = dict(base)
-        for label, draws in zip(runs, by_name, strict=True):
-            if d["name"] not in draws:
-                raise ValueError(f"{label} lacks draw {d['name']}")
-            candidates[label] = draws[d["name"]]["policies"][OURS]
-        judged = {c: judge({**base, OURS: m}) for c, m in candidates.items()}
-        for goal in (*GOALS, "all"):
-            met[goal] += any(g[goal]["met"] for g in judged.values())
-        per_draw[d["name"]] = [c for c, g in judged.items() if g["all"]["met"]]
-    return {
-        "candidates": [*BASELINES, *runs],
-        "draws": len(first),
-        "met": met,
-        "per_draw": per_draw,
-    }
 
 
 def print_ceiling(result: dict[str, Any]) -> None:

@@ -2,7 +2,8 @@
 
 For each trace: import it, size the cluster to its offered load (`suggest_config`, 8-GPU nodes,
 so demand exceeds supply whenever it bursts), replay it under fifo, priority, kueue, slurm and
-preemptible with checkpoint-aware jobs, and check the goals of issue 4:
+preemptible with checkpoint-aware jobs, and check the goals on the named traces
+(`preemptible.sim.evaluation.trace_goals`):
 
 - goodput >= 90% where demand exceeds supply (`goodput_while_arriving`, demand ratio > 1);
 - lost GPU-hours < 1% of delivered GPU-hours;
@@ -34,56 +35,20 @@ docs/evaluation/policy-evaluation.md).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import random
 import time
 from pathlib import Path
 from typing import Any
 
-from preemptible.queue.core import POLICIES, QueueConfig, parse_config_text
-from preemptible.queue.core.model import Limits
-from preemptible.sim import Simulator, TraceJob, summarize
+from preemptible.queue.core import POLICIES, parse_config_text
+from preemptible.sim import Simulator, summarize
 from preemptible.sim.engine import SimOptions
-from preemptible.sim.importers import import_trace, suggest_config
-from preemptible.sim.synth import generate, synth_config
+from preemptible.sim.evaluation.named_traces import TRACES, jittered, load_named, weights_only
+from preemptible.sim.evaluation.trace_goals import checks, peer_counts
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-TRACES = {
-    "synthetic": None,
-    "philly": "philly-pollux/philly.csv",
-    "chronus-mix1": "philly-chronus/trace_job_Philly_MIX1.csv",
-    "chronus-mix2": "philly-chronus/trace_job_Philly_MIX2.csv",
-    "chronus-slo": "philly-chronus/trace_job_Philly_SLO.csv",
-    **{
-        f"itp-{i:02d}": f"microsoft-itp-elasticflow/raw-traces/cluster{i:02d}.csv"
-        for i in range(1, 11)
-    },
-    "tiresias-60": "tiresias/60_job.csv",
-}
-FLOOR_S = 60.0
+"""The shared traces folder next to the checkout (the Traces section of README.md)."""
 DEFAULT_INTERVAL_S = SimOptions().cycle_interval_s
-
-
-def load(name: str, shared: Path):
-    if TRACES[name] is None:
-        gpus = 256
-        return generate(jobs=20_000, gpus=gpus, load=1.1, seed=1), synth_config(gpus)
-    jobs = import_trace(shared / TRACES[name]).jobs
-    return jobs, suggest_config(jobs)
-
-
-def jittered(jobs: list[TraceJob], seconds: float, seed: int) -> list[TraceJob]:
-    """The same jobs, each submitted up to `seconds` later (uniform, seeded), in submit order."""
-    rng = random.Random(seed)
-    moved = [dataclasses.replace(j, submit_s=j.submit_s + rng.uniform(0, seconds)) for j in jobs]
-    return sorted(moved, key=lambda j: j.submit_s)
-
-
-def weights_only(cfg: QueueConfig) -> QueueConfig:
-    """The same configuration with every nominal quota 0: fair-share weights only."""
-    queues = tuple(dataclasses.replace(q, nominal=Limits(gpus=0)) for q in cfg.queues)
-    return dataclasses.replace(cfg, queues=queues)
 
 
 def evaluate(
@@ -96,7 +61,7 @@ def evaluate(
     submit_jitter_s: float = 0.0,
     jitter_seed: int = 1,
 ) -> dict[str, Any]:
-    jobs, cfg_text = load(name, shared)
+    jobs, cfg_text = load_named(name, shared)
     if submit_jitter_s:
         jobs = jittered(jobs, submit_jitter_s, jitter_seed)
     cfg = parse_config_text(cfg_text)
@@ -115,98 +80,6 @@ def evaluate(
             write_plots(result, plots)
     out["checks"] = checks(out["policies"])
     return out
-
-
-def checks(policies: dict[str, Any], judged: str = "preemptible") -> dict[str, Any]:
-    """The goals of issue 4 for `judged`, against every other policy in `policies`.
-
-    Also two milder readings of the wait goals: each queue's p95 against the same queue under
-    the one policy with the best overall p95, and the longest wait against the policies that
-    enforce the same quotas (those with `Policy.quotas`, kueue), since a policy without quotas
-    may serve a job beyond its queue's quota in turn, which the quota guarantee rules out.
-    """
-    others = [p for p in policies if p != judged]
-    o = policies[judged]["overall"]
-    single_best = min(others, key=lambda p: policies[p]["overall"]["p95_wait_s"])
-    worst_q, worst_ratio, single_ratio = "", 0.0, 0.0
-    for q, m in policies[judged]["queues"].items():
-        best = min(policies[b]["queues"][q]["p95_wait_s"] for b in others)
-        ratio = _floored(m["p95_wait_s"]) / _floored(best)
-        if ratio > worst_ratio:
-            worst_q, worst_ratio = q, ratio
-        theirs = policies[single_best]["queues"][q]["p95_wait_s"]
-        single_ratio = max(single_ratio, _floored(m["p95_wait_s"]) / _floored(theirs))
-    least = o["max_wait_least_served_s"]
-    least_best = min(policies[b]["overall"]["max_wait_least_served_s"] for b in others)
-    quota_peers = [p for p in others if p in POLICIES and POLICIES[p].quotas]
-    least_quota = min(
-        (policies[b]["overall"]["max_wait_least_served_s"] for b in quota_peers), default=None
-    )
-    best_util = max(policies[b]["overall"]["utilization"] for b in others)
-    single_ok = single_ratio <= 1.10
-    same_quotas_ok = least_quota is not None and least < least_quota
-    return {
-        "demand_ratio": o["demand_ratio"],
-        "goodput_while_arriving": o["goodput_while_arriving"],
-        "goodput_ok": o["demand_ratio"] <= 1.0 or o["goodput_while_arriving"] >= 0.9,
-        "lost_share": o["lost_share_of_delivered"],
-        "lost_ok": o["lost_share_of_delivered"] < 0.01,
-        "worst_queue": worst_q,
-        "worst_p95_ratio": worst_ratio,
-        "p95_ok": worst_ratio <= 1.10,
-        "least_served_ratio": least / max(least_best, 1e-9),
-        "least_served_ok": least < least_best,
-        "util_vs_best_baseline": o["utilization"] / max(best_util, 1e-9),
-        "single_best_p95_policy": single_best,
-        "worst_p95_ratio_single_best": single_ratio,
-        "p95_single_best_ok": single_ok,
-        "least_served_ratio_same_quotas": (
-            least / max(least_quota, 1e-9) if least_quota is not None else None
-        ),
-        "least_served_same_quotas_ok": same_quotas_ok,
-        "milder_ok": single_ok and same_quotas_ok,
-    }
-
-
-def _floored(wait_s: float) -> float:
-    """Waits under 60 s count as 60 s, so that a few seconds against zero is not a failure."""
-    return max(wait_s, FLOOR_S)
-
-
-def dominated_by(policies: dict[str, Any], judged: str) -> list[str]:
-    """The policies at least as good as `judged` on both overall p95 wait and the least-served
-    queue's max wait, and better on one (waits under 60 s count as 60 s)."""
-
-    def point(policy: str) -> tuple[float, float]:
-        o = policies[policy]["overall"]
-        return _floored(o["p95_wait_s"]), _floored(o["max_wait_least_served_s"])
-
-    mine = point(judged)
-    return [
-        p
-        for p in policies
-        if p != judged
-        and point(p) != mine
-        and all(theirs <= ours for theirs, ours in zip(point(p), mine, strict=True))
-    ]
-
-
-def peer_counts(results: dict[str, Any]) -> dict[str, dict[str, int]]:
-    """For every policy, on how many traces it would meet the two wait goals if it were the one
-    judged against the other four, and on how many no other policy beats it on both waits: a
-    yardstick for how much the goals ask of any policy."""
-    counts: dict[str, dict[str, int]] = {}
-    for r in results.values():
-        for policy in r["policies"]:
-            c = checks(r["policies"], judged=policy)
-            n = counts.setdefault(
-                policy, {"p95_ok": 0, "least_served_ok": 0, "both": 0, "undominated": 0}
-            )
-            n["p95_ok"] += c["p95_ok"]
-            n["least_served_ok"] += c["least_served_ok"]
-            n["both"] += c["p95_ok"] and c["least_served_ok"]
-            n["undominated"] += not dominated_by(r["policies"], policy)
-    return counts
 
 
 def hours(s: float) -> str:

@@ -3,9 +3,10 @@
 A policy tuned on a list of named traces can fit that list. Here every seed draws its own
 workload (teams, tiers, gangs, arrivals, durations, estimates, checkpoint costs, quotas, nodes)
 from the ranges documented on `draw_knobs`, so that a policy is judged on how often it meets its
-goals over the draws, not on one trace (`benchmarks/policy_family.py`). The alternative, a grid
-over a few values per knob, grows with the product of the knobs and still leaves the gaps
-between its values unseen; random draws cover every knob at once with a fixed budget.
+goals over the draws, not on one trace (the goals: `preemptible.sim.evaluation.family_goals`; the
+run: `benchmarks/policy_family.py`). The alternative, a grid over a few values per knob, grows
+with the product of the knobs and still leaves the gaps between its values unseen; random draws
+cover every knob at once with a fixed budget.
 
 **Load** (demand over supply) is defined exactly: the GPU-seconds of work submitted divided by
 the GPU-seconds the cluster offers over the arrival span (first to last submission), as

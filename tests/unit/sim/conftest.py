@@ -1,29 +1,8 @@
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 DATA = Path(__file__).parent / "data"
-BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
-
-
-def load_benchmark(name: str) -> ModuleType:
-    """A script of benchmarks/ as a module (they are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def quality() -> ModuleType:
-    return load_benchmark("policy_quality")
-
-
-@pytest.fixture(scope="module")
-def draws() -> ModuleType:
-    return load_benchmark("goodput_draws")
 
 
 @pytest.fixture(scope="session")

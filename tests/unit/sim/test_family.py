@@ -1,4 +1,5 @@
-"""preemptible.sim.family and benchmarks/policy_family.py: the workload family and its goals."""
+"""preemptible.sim.family, its goals (preemptible.sim.evaluation.family_goals, family_summary)
+and benchmarks/policy_family.py: the workload family and its goals."""
 
 import collections
 import dataclasses
@@ -12,6 +13,23 @@ from pathlib import Path
 import pytest
 
 from preemptible.queue.core import parse_config_text
+from preemptible.sim.evaluation.family_goals import (
+    BASELINES,
+    HELD_OUT_REFERENCE,
+    OURS,
+    PROPOSED,
+    judge,
+    replay,
+)
+from preemptible.sim.evaluation.family_summary import (
+    ceiling,
+    clause_counts,
+    counts,
+    draw_report,
+    gain_per_lost,
+    lost_by_kind,
+    worst,
+)
 from preemptible.sim.family import (
     DAY_S,
     Arrivals,
@@ -25,16 +43,9 @@ from preemptible.sim.family import (
     workload,
 )
 
-from .conftest import load_benchmark
-
 ROOT = Path(__file__).resolve().parents[3]
 BENCHMARK = ROOT / "benchmarks" / "policy_family.py"
 MANY = range(300)
-
-
-@pytest.fixture(scope="module")
-def family():
-    return load_benchmark("policy_family")
 
 
 def small(seed: int, jobs: int = 300) -> Knobs:
@@ -203,17 +214,15 @@ def numbers(goodput, p95_h, least_h, lost_gpu_h, delivered_gpu_h=50_000.0):
     }
 
 
-REPORTED_NUMBERS = {  # issue 23's table: goodput, p95 wait h, least-served max wait h, lost GPU-h
-    "fifo": numbers(0.913, 30.9, 39.1, 0),
-    "priority": numbers(0.867, 4.3 * 24, 5.7 * 24, 0),
-    "kueue": numbers(0.879, 47.0, 9.0 * 24, 800),
-    "slurm": numbers(0.868, 29.4, 7.1 * 24, 0),
-    "preemptible": numbers(0.874, 42.6, 8.9 * 24, 190),
+REFERENCE = {  # the held-out workload's reference table, as the goals read it (no mean JCT)
+    policy: numbers(goodput, p95_h, least_h, lost_gpu_h)
+    for policy, (goodput, p95_h, least_h, _jct_h, lost_gpu_h) in HELD_OUT_REFERENCE.items()
 }
 
 
-def test_the_goals_on_the_issues_own_numbers(family):
-    g = family.judge(REPORTED_NUMBERS)
+def test_the_goals_on_the_held_out_reference_table():
+    assert REFERENCE["fifo"] == numbers(0.913, 30.9, 39.1, 0)
+    g = judge(REFERENCE)
     # 1. under kueue's 87.9% and more than 2 points under fifo's 91.3%: the bound is 89.3%.
     assert g["goodput"]["best_policy"] == "fifo"
     assert g["goodput"]["excess"] == pytest.approx(0.913 - 0.02 - 0.874)
@@ -234,7 +243,7 @@ def test_the_goals_on_the_issues_own_numbers(family):
     assert not g["all"]["met"]
 
 
-def test_each_bound_is_met_exactly_at_its_edge(family):
+def test_each_bound_is_met_exactly_at_its_edge():
     edge = {
         "fifo": numbers(0.92, 10, 50, 0),
         "priority": numbers(0.80, 20, 20, 0),
@@ -242,41 +251,41 @@ def test_each_bound_is_met_exactly_at_its_edge(family):
         "slurm": numbers(0.85, 40, 30, 0),
         "preemptible": numbers(0.90, 11, 22, 50, delivered_gpu_h=5001),
     }
-    g = family.judge(edge)
+    g = judge(edge)
     assert g["goodput"]["met"]  # best 92% - 2 points = 90%, and above kueue's 89%
     assert g["p95_wait"]["met"] and g["p95_wait"]["ratio"] == pytest.approx(1.1)
     assert g["least_served"]["met"]  # 22 h against priority's 20 h
     assert g["lost"]["met"]  # 50 = half of kueue's 100, and 50 / 5001 < 1%
     assert g["all"]["met"]
     edge["preemptible"] = numbers(0.90, 11, 22, 50, delivered_gpu_h=5000)
-    assert not family.judge(edge)["lost"]["met"]  # exactly 1% is not under 1%
+    assert not judge(edge)["lost"]["met"]  # exactly 1% is not under 1%
     edge["kueue"] = numbers(0.905, 30, 40, 100)
-    assert not family.judge(edge)["goodput"]["met"]  # under kueue's
+    assert not judge(edge)["goodput"]["met"]  # under kueue's
 
 
-def test_waits_under_a_minute_count_as_a_minute_and_lost_work_against_none(family):
-    quiet = {p: numbers(0.9, 5 / 3600, 30 / 3600, 0) for p in family.BASELINES}
+def test_waits_under_a_minute_count_as_a_minute_and_lost_work_against_none():
+    quiet = {p: numbers(0.9, 5 / 3600, 30 / 3600, 0) for p in BASELINES}
     quiet["preemptible"] = numbers(0.9, 50 / 3600, 59 / 3600, 0)
-    g = family.judge(quiet)
+    g = judge(quiet)
     assert g["p95_wait"]["met"] and g["least_served"]["met"] and g["lost"]["met"]
     quiet["preemptible"] = numbers(0.9, 50 / 3600, 59 / 3600, 0.5)
-    g = family.judge(quiet)
+    g = judge(quiet)
     assert not g["lost"]["met"]  # kueue lost nothing: half of nothing is the bound
     assert g["lost"]["under_1pct"] and not g["lost"]["vs_quota_peer"]
     assert g["lost"]["excess"] == pytest.approx(0.5 / 50_000)  # beyond the bound, of delivered
 
 
-def test_a_baseline_is_judged_against_the_other_four(family):
-    g = family.judge(REPORTED_NUMBERS, "kueue")
+def test_a_baseline_is_judged_against_the_other_four():
+    g = judge(REFERENCE, "kueue")
     assert g["goodput"]["quota_peer"] == 0.874  # ours stands in for kueue
     assert g["p95_wait"]["best_policy"] == "slurm"
     assert g["least_served"]["best_policy"] == "priority"
     assert not g["lost"]["met"]  # 800 > half of ours' 190
-    fifo = family.judge(REPORTED_NUMBERS, "fifo")
+    fifo = judge(REFERENCE, "fifo")
     assert fifo["goodput"]["met"] and fifo["least_served"]["met"]
 
 
-def test_the_proposed_readings_change_only_the_peers_and_goal_4s_floor(family):
+def test_the_proposed_readings_change_only_the_peers_and_goal_4s_floor():
     m = {
         "fifo": numbers(0.90, 10, 20, 0),  # ignores tiers: best p95, no longer a peer
         "priority": numbers(0.85, 40, 30, 0),  # best least-served, no longer a peer
@@ -284,7 +293,7 @@ def test_the_proposed_readings_change_only_the_peers_and_goal_4s_floor(family):
         "slurm": numbers(0.88, 20, 50, 0),
         "preemptible": numbers(0.90, 22, 55, 49.9, delivered_gpu_h=50_000),
     }
-    written, read = family.judge(m), family.judge(m, reading=family.PROPOSED)
+    written, read = judge(m), judge(m, reading=PROPOSED)
     assert written["goodput"] == read["goodput"]
     assert written["p95_wait"]["best_policy"] == "fifo" and not written["p95_wait"]["met"]
     assert read["p95_wait"]["best_policy"] == "slurm" and read["p95_wait"]["met"]  # 22 / 20
@@ -295,20 +304,19 @@ def test_the_proposed_readings_change_only_the_peers_and_goal_4s_floor(family):
     assert not written["lost"]["met"] and read["lost"]["met"] and read["lost"]["excess"] < 0
     assert not written["all"]["met"] and read["all"]["met"]
     m["preemptible"] = numbers(0.90, 22, 55, 50, delivered_gpu_h=50_000)
-    assert not family.judge(m, reading=family.PROPOSED)["lost"]["met"]  # 0.1% is not under
+    assert not judge(m, reading=PROPOSED)["lost"]["met"]  # 0.1% is not under
     # kueue judged: its peers are the others that the reading names, ours among them.
-    kueue = family.judge(m, "kueue", family.PROPOSED)
+    kueue = judge(m, "kueue", PROPOSED)
     assert kueue["least_served"]["best_policy"] == "slurm"
     assert kueue["p95_wait"]["best_policy"] == "slurm"
 
 
-def test_counts_and_worst_draws(family):
-    better = dict(REPORTED_NUMBERS, preemptible=numbers(0.92, 20, 100, 10))
+def test_counts_and_worst_draws():
+    better = dict(REFERENCE, preemptible=numbers(0.92, 20, 100, 10))
     draws = [
-        family.draw_report(str(s), small(s), m)
-        for s, m in ((1, REPORTED_NUMBERS), (2, better), (3, REPORTED_NUMBERS))
+        draw_report(str(s), small(s), m) for s, m in ((1, REFERENCE), (2, better), (3, REFERENCE))
     ]
-    c = family.counts(draws)
+    c = counts(draws)
     assert c["preemptible"] == {
         "goodput": 1,
         "p95_wait": 1,
@@ -316,19 +324,19 @@ def test_counts_and_worst_draws(family):
         "lost": 3,
         "all": 1,
     }
-    assert family.clause_counts(draws) == {
+    assert clause_counts(draws) == {
         "goodput": {"vs_quota_peer": 1, "vs_best": 1},
         "lost": {"under_1pct": 3, "vs_quota_peer": 3},
     }
-    assert [d["seed"] for d in family.worst(draws, "p95_wait")] == [1, 3, 2]  # ties by seed
+    assert [d["seed"] for d in worst(draws, "p95_wait")] == [1, 3, 2]  # ties by seed
 
 
-def test_lost_work_by_rule_and_what_it_buys_where_only_kueues_half_is_missed(family):
+def test_lost_work_by_rule_and_what_it_buys_where_only_kueues_half_is_missed():
     def draw(seed, ours_goodput, kueue_lost, by_kind):
-        metrics = dict(REPORTED_NUMBERS, kueue=numbers(0.80, 47.0, 9.0 * 24, kueue_lost))
+        metrics = dict(REFERENCE, kueue=numbers(0.80, 47.0, 9.0 * 24, kueue_lost))
         ours = numbers(ours_goodput, 42.6, 8.9 * 24, sum(by_kind.values()))
         metrics["preemptible"] = ours | {"offered_gpu_h": 10_000.0, "lost_gpu_h_by_kind": by_kind}
-        return family.draw_report(str(seed), small(seed), metrics)
+        return draw_report(str(seed), small(seed), metrics)
 
     draws = [
         draw(1, 0.90, 0.0, {"beyond_limit": 80.0, "loan": 20.0}),  # kueue lost nothing
@@ -337,18 +345,18 @@ def test_lost_work_by_rule_and_what_it_buys_where_only_kueues_half_is_missed(fam
         draw(4, 0.95, 0.0, {"beyond_limit": 600.0, "loan": 0.0}),  # 1.2% of delivered
     ]
     assert [d["goals"]["lost"]["met"] for d in draws] == [False, True, False, False]
-    assert family.lost_by_kind(draws) == {
+    assert lost_by_kind(draws) == {
         "beyond_limit": (730.0, 680.0),
         "loan": (120.0, 70.0),
     }
     # 10 points of 10,000 GPU-h for 100 lost; 1 point for 50; draw 4 misses the 1% bound too.
-    assert family.gain_per_lost(draws) == pytest.approx({"1": 10.0, "3": 2.0})
+    assert gain_per_lost(draws) == pytest.approx({"1": 10.0, "3": 2.0})
 
 
-def test_the_ceiling_counts_a_draw_when_one_candidate_meets_all_four(family):
-    # Draw 1: the issue's numbers with fifo's p95 doubled: only a variant meets all four.
+def test_the_ceiling_counts_a_draw_when_one_candidate_meets_all_four():
+    # Draw 1: the reference table with fifo's p95 doubled: only a variant meets all four.
     # Draw 2: no variant meets the goodput goal, and fifo, judged as ours is, meets all four.
-    slow_fifo = dict(REPORTED_NUMBERS, fifo=numbers(0.913, 61.8, 39.1, 0))
+    slow_fifo = dict(REFERENCE, fifo=numbers(0.913, 61.8, 39.1, 0))
     better = dict(slow_fifo, preemptible=numbers(0.92, 20, 100, 10))
     fifo_wins = {
         "fifo": numbers(0.95, 10, 20, 0),
@@ -357,32 +365,32 @@ def test_the_ceiling_counts_a_draw_when_one_candidate_meets_all_four(family):
         "slurm": numbers(0.91, 30, 50, 0),
         "preemptible": numbers(0.80, 40, 25, 10),
     }
-    run = [family.draw_report(str(s), small(s), m) for s, m in ((1, slow_fifo), (2, fifo_wins))]
+    run = [draw_report(str(s), small(s), m) for s, m in ((1, slow_fifo), (2, fifo_wins))]
     variant = [
-        family.draw_report("1", small(1), better),
-        family.draw_report("2", small(2), fifo_wins),
+        draw_report("1", small(1), better),
+        draw_report("2", small(2), fifo_wins),
     ]
-    result = family.ceiling({"ours": run, "variant": variant})
+    result = ceiling({"ours": run, "variant": variant})
     assert result["candidates"] == ["fifo", "priority", "kueue", "slurm", "ours", "variant"]
     assert result["per_draw"] == {"1": ["variant"], "2": ["fifo"]}
     assert result["met"]["all"] == 2 and result["met"]["least_served"] == 2
-    assert family.ceiling({"ours": run})["per_draw"] == {"1": [], "2": ["fifo"]}
+    assert ceiling({"ours": run})["per_draw"] == {"1": [], "2": ["fifo"]}
     with pytest.raises(ValueError, match="lacks draw 2"):
-        family.ceiling({"ours": run, "variant": variant[:1]})
+        ceiling({"ours": run, "variant": variant[:1]})
 
 
 # --- a real replay ---------------------------------------------------------------------------
 
 
-def test_one_tiny_draw_under_all_five_policies(family):
+def test_one_tiny_draw_under_all_five_policies():
     k = small(9, 150)
-    metrics = {p: family.replay(k, p) for p in (*family.BASELINES, family.OURS)}
-    report = family.draw_report("9", k, metrics)
+    metrics = {p: replay(k, p) for p in (*BASELINES, OURS)}
+    report = draw_report("9", k, metrics)
     assert report["summary"] == k.summary() and report["knobs"]["jobs"] == 150
     ours, kueue = metrics["preemptible"], metrics["kueue"]
     assert ours["demand_ratio"] == pytest.approx(k.load, rel=1e-3)
     assert all(m["jobs"] == 150 for m in metrics.values())
-    baselines = [metrics[p] for p in family.BASELINES]
+    baselines = [metrics[p] for p in BASELINES]
     best_goodput = max(m["goodput"] for m in baselines)
     goals = report["goals"]
     assert goals["goodput"]["met"] == (
@@ -439,12 +447,12 @@ def test_a_rule_switched_off_replays_ours_only_against_saved_baselines(tmp_path)
         assert all(
             after[seed][p] == before[seed][p] for p in ("fifo", "priority", "kueue", "slurm")
         )
-    ceiling = subprocess.run(
+    best_of = subprocess.run(
         [sys.executable, str(BENCHMARK), "--ceiling", str(out), str(tmp_path / "v.json")],
         capture_output=True, text=True, cwd=ROOT, timeout=60,
     )  # fmt: skip
-    assert ceiling.returncode == 0, ceiling.stderr
-    assert "the best of 6 policies per draw" in ceiling.stdout and "draw   4:" in ceiling.stdout
+    assert best_of.returncode == 0, best_of.stderr
+    assert "the best of 6 policies per draw" in best_of.stdout and "draw   4:" in best_of.stdout
     for bad in (
         ["--switch", "loans=false"],
         ["--baselines", str(tmp_path / "none.json")],
@@ -460,7 +468,7 @@ def test_the_command_replays_the_held_out_workload_beside_its_reported_numbers()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "the held-out workload, seed 0" in done.stdout
-    assert "91.3%, 30.9h, 39.1h, 18.0h, 0" in done.stdout  # the issue's fifo row
+    assert "91.3%, 30.9h, 39.1h, 18.0h, 0" in done.stdout  # the reference table's fifo row
     assert "all four" not in done.stdout  # one draw: no counts
     cmd[3:3] = ["0,1"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -1,4 +1,5 @@
-"""benchmarks/goodput_draws.py: goodput over jitter draws, ours beside its peers."""
+"""preemptible.sim.evaluation.goodput_draws and benchmarks/goodput_draws.py: goodput over jitter
+draws, ours beside its peers."""
 
 import json
 import subprocess
@@ -6,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from preemptible.sim.evaluation.goodput_draws import by_policy
 
 ROOT = Path(__file__).resolve().parents[3]
 BENCHMARK = ROOT / "benchmarks" / "goodput_draws.py"
@@ -16,7 +19,7 @@ def run(draw: int, policy: str, goodput: float) -> dict:
     return {"draw": draw, "policy": policy, "goodput_while_arriving": goodput}
 
 
-def test_summary_counts_draws_meeting_the_goal_and_compares_draw_by_draw(draws):
+def test_summary_counts_draws_meeting_the_goal_and_compares_draw_by_draw():
     runs = [
         run(0, "preemptible", 0.902),
         run(1, "preemptible", 0.899),
@@ -25,7 +28,7 @@ def test_summary_counts_draws_meeting_the_goal_and_compares_draw_by_draw(draws):
         run(1, "slurm", 0.897),
         run(2, "slurm", 0.900),
     ]
-    s = draws.by_policy(runs)
+    s = by_policy(runs)
     assert s["preemptible"]["meets_goal"] == 2
     assert s["slurm"]["meets_goal"] == 2  # exactly 90% meets it
     assert (s["preemptible"]["min"], s["preemptible"]["max"]) == (0.899, 0.905)

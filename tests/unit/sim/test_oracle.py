@@ -1,4 +1,5 @@
-"""benchmarks/policy_oracle.py: hindsight schedules and refutations of issue 23's goals."""
+"""preemptible.sim.evaluation.oracle and benchmarks/policy_oracle.py: hindsight schedules and
+refutations of the policy family's four goals."""
 
 import json
 import re
@@ -10,17 +11,19 @@ import pytest
 
 from preemptible.queue.core import POLICIES, parse_config_text
 from preemptible.sim import Simulator, TraceJob
+from preemptible.sim.evaluation.oracle import (
+    Bounds,
+    one_draw,
+    schedule_metrics,
+    schedule_model,
+    small_knobs,
+    solve,
+    tenths,
+)
 from preemptible.sim.family import workload
-
-from .conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[3]
 BENCHMARK = ROOT / "benchmarks" / "policy_oracle.py"
-
-
-@pytest.fixture(scope="module")
-def oracle():
-    return load_benchmark("policy_oracle")
 
 
 def job(name: str, submit_s: float, duration_s: float, gpus: int, save_s: float) -> TraceJob:
@@ -34,69 +37,69 @@ def job(name: str, submit_s: float, duration_s: float, gpus: int, save_s: float)
     )
 
 
-def bounds(oracle, max_wait_s: float, *, loss_gpu_s: float = 0.0):
+def bounds(max_wait_s: float, *, loss_gpu_s: float = 0.0) -> Bounds:
     """Every job within `max_wait_s` (none late), no goodput asked for."""
     tenth = round(max_wait_s * 10)
-    return oracle.Bounds(
+    return Bounds(
         p95_wait=tenth, max_wait=tenth, late=0, window=10, held=0, loss=round(loss_gpu_s * 10)
     )
 
 
-def outcome(oracle, jobs, gpus, b, loss) -> str:
-    model, _ = oracle.schedule_model(jobs, gpus, b, loss=loss)
-    return oracle.solve(model, 10.0)[1]
+def outcome(jobs, gpus, b, loss) -> str:
+    model, _ = schedule_model(jobs, gpus, b, loss=loss)
+    return solve(model, 10.0)[1]
 
 
-def test_two_jobs_that_fill_the_cluster_cannot_both_start_within_less_than_a_run(oracle):
+def test_two_jobs_that_fill_the_cluster_cannot_both_start_within_less_than_a_run():
     jobs = [job("a", 0.0, 100.0, 4, 1000.0), job("b", 0.0, 100.0, 4, 1000.0)]
-    assert outcome(oracle, jobs, 4, bounds(oracle, 99.9), 0) == "infeasible"
-    assert outcome(oracle, jobs, 4, bounds(oracle, 100.0), 0) == "feasible"
-    assert outcome(oracle, jobs, 8, bounds(oracle, 0.0), 0) == "feasible"
+    assert outcome(jobs, 4, bounds(99.9), 0) == "infeasible"
+    assert outcome(jobs, 4, bounds(100.0), 0) == "feasible"
+    assert outcome(jobs, 8, bounds(0.0), 0) == "feasible"
 
 
-def test_lost_runs_lend_a_job_pending_time_only_up_to_the_loss_budget(oracle):
+def test_lost_runs_lend_a_job_pending_time_only_up_to_the_loss_budget():
     # Saves of 1,000 s cost more than the budget: no preemption can keep progress, but an
     # earlier run that is thrown away takes up to budget / GPUs off b's pending time.
     jobs = [job("a", 0.0, 100.0, 4, 1000.0), job("b", 0.0, 100.0, 4, 1000.0)]
-    short = bounds(oracle, 50.0, loss_gpu_s=4 * 40.0)
-    enough = bounds(oracle, 50.0, loss_gpu_s=4 * 50.0)
-    assert outcome(oracle, jobs, 4, short, short.loss) == "infeasible"
-    assert outcome(oracle, jobs, 4, enough, enough.loss) == "feasible"
+    short = bounds(50.0, loss_gpu_s=4 * 40.0)
+    enough = bounds(50.0, loss_gpu_s=4 * 50.0)
+    assert outcome(jobs, 4, short, short.loss) == "infeasible"
+    assert outcome(jobs, 4, enough, enough.loss) == "feasible"
 
 
-def test_a_job_cheap_enough_to_preempt_is_left_out_of_the_refutation(oracle):
+def test_a_job_cheap_enough_to_preempt_is_left_out_of_the_refutation():
     jobs = [job("a", 0.0, 100.0, 4, 1.0), job("b", 0.0, 100.0, 4, 1.0)]
-    b = bounds(oracle, 10.0, loss_gpu_s=4 * 1.0)
-    model, starts = oracle.schedule_model(jobs, 4, b, loss=b.loss)
+    b = bounds(10.0, loss_gpu_s=4 * 1.0)
+    model, starts = schedule_model(jobs, 4, b, loss=b.loss)
     assert starts == [None, None]
-    assert oracle.solve(model, 10.0)[1] == "feasible"
-    assert outcome(oracle, jobs, 4, b, 0) == "infeasible"
+    assert solve(model, 10.0)[1] == "feasible"
+    assert outcome(jobs, 4, b, 0) == "infeasible"
 
 
-def test_the_metrics_of_a_schedule_refuse_more_gpus_than_the_cluster(oracle):
+def test_the_metrics_of_a_schedule_refuse_more_gpus_than_the_cluster():
     jobs = [job("a", 0.0, 100.0, 4, 1.0), job("b", 0.0, 100.0, 4, 1.0)]
-    back_to_back = oracle.schedule_metrics(jobs, 4, [0.0, 100.0])
+    back_to_back = schedule_metrics(jobs, 4, [0.0, 100.0])
     assert back_to_back["least_served_max_wait_s"] == 100.0
     assert back_to_back["goodput"] == 0.0  # the window (first to last submission) is empty
     with pytest.raises(AssertionError, match="8 GPUs in use"):
-        oracle.schedule_metrics(jobs, 4, [0.0, 99.9])
+        schedule_metrics(jobs, 4, [0.0, 99.9])
 
 
-def test_a_reachable_draw_gets_a_witness_that_meets_the_four_goals(oracle):
-    d = oracle.one_draw(9, 60, 64, 30.0)
+def test_a_reachable_draw_gets_a_witness_that_meets_the_four_goals():
+    d = one_draw(9, 60, 64, 30.0)
     o = d["oracle"]
     assert o["verdict"] == "reachable" and o["witness"]["outcome"] == "feasible"
-    knobs = oracle.small_knobs(9, 60, 64)
+    knobs = small_knobs(9, 60, 64)
     jobs, _ = workload(knobs)
-    again = oracle.schedule_metrics(jobs, 64, o["starts_s"])  # raises if over the cluster
+    again = schedule_metrics(jobs, 64, o["starts_s"])  # raises if over the cluster
     assert again == o["witness_metrics"]
     waits = sorted(s - j.submit_s for s, j in zip(o["starts_s"], jobs, strict=True))
     assert waits[-1] * 10 <= o["bounds"]["max_wait"] + 1e-6
     assert waits[56] * 10 <= o["bounds"]["p95_wait"] + 1e-6  # the 57th of 60: nearest rank
 
 
-def test_a_draw_where_no_policy_may_preempt_is_refuted_and_every_policy_misses(oracle):
-    d = oracle.one_draw(3, 60, 64, 30.0)
+def test_a_draw_where_no_policy_may_preempt_is_refuted_and_every_policy_misses():
+    d = one_draw(3, 60, 64, 30.0)
     assert d["kueue_lost_gpu_h"] == 0.0  # goal 4 then allows no lost work at all
     assert d["oracle"]["verdict"] == "out of reach"
     assert d["oracle"]["refutation"] == {
@@ -107,21 +110,28 @@ def test_a_draw_where_no_policy_may_preempt_is_refuted_and_every_policy_misses(o
     assert d["meet_ours_goals"] == []
 
 
-def test_ours_own_schedule_fits_the_witness_model_where_it_meets_the_goals_losing_nothing(
-    oracle,
-):
-    knobs = oracle.small_knobs(1, 60, 64)
+def test_ours_own_schedule_fits_the_witness_model_where_it_meets_the_goals_losing_nothing():
+    knobs = small_knobs(1, 60, 64)
     jobs, cfg = workload(knobs)
-    d = oracle.one_draw(1, 60, 64, 30.0)
+    d = one_draw(1, 60, 64, 30.0)
     assert d["all_four"]["preemptible"] and d["goals"]["lost"]["ours"] == 0.0
     result = Simulator(jobs, parse_config_text(cfg), POLICIES["preemptible"]).run()
     first = {r.trace.job_id: r.first_start_s for r in result.records}
     assert all(r.preemptions == 0 for r in result.records)
-    b = oracle.Bounds(**d["oracle"]["bounds"])
-    model, starts = oracle.schedule_model(jobs, 64, b, loss=0)
+    b = Bounds(**d["oracle"]["bounds"])
+    model, starts = schedule_model(jobs, 64, b, loss=0)
     for j, start in zip(jobs, starts, strict=True):
-        model.add(start == oracle.tenths(first[j.job_id]))
-    assert oracle.solve(model, 10.0)[1] == "feasible"
+        model.add(start == tenths(first[j.job_id]))
+    assert solve(model, 10.0)[1] == "feasible"
+
+
+def test_the_rest_of_the_simulator_does_not_need_ortools():
+    modules = ["preemptible.sim", "preemptible.cli.sim"]
+    modules += [f"preemptible.sim.evaluation.{m}" for m in ("family_summary", "goodput_draws")]
+    code = f"import sys, {', '.join(modules)}; print('ortools' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
 
 
 def test_the_command_reports_verdicts_and_writes_json(tmp_path):
