@@ -75,7 +75,7 @@ from preemptible.sim.evaluation.family_summary import (
     lost_by_kind,
     worst,
 )
-from preemptible.sim.family import Knobs, draw_knobs, held_out_knobs
+from preemptible.sim.family import Knobs, draw_knobs, held_out_knobs, parse_seeds
 
 
 def run(
@@ -321,12 +321,9 @@ def _baselines(
 def seeds_arg(parser: argparse.ArgumentParser, option: str, text: str) -> list[int]:
     """Seeds given as ``1,4,9``; exits with a usage error otherwise."""
     try:
-        seeds = [int(s) for s in text.split(",")]
-    except ValueError:
-        parser.error(f"{option} takes seeds separated by commas, not {text!r}")
-    if any(s < 0 for s in seeds):
-        parser.error(f"{option} takes seeds of 0 or more")
-    return seeds
+        return parse_seeds(text)
+    except ValueError as exc:
+        parser.error(f"{option} {exc}")
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from preemptible.sim.evaluation.family_goals import GOALS
 from preemptible.sim.evaluation.oracle import VERDICTS, one_draw, tally
+from preemptible.sim.family import parse_seeds
 
 
 def run(
@@ -79,15 +80,11 @@ def print_report(draws: list[dict[str, Any]], flags: str, wall: float) -> None:
 
 
 def seeds_arg(parser: argparse.ArgumentParser, option: str, text: str) -> list[int]:
-    """Seeds given as ``1,4,9``, as `policy_family.py --only` takes them; exits with a usage
-    error otherwise."""
+    """Seeds given as ``1,4,9``; exits with a usage error otherwise."""
     try:
-        seeds = [int(s) for s in text.split(",")]
-    except ValueError:
-        parser.error(f"{option} takes seeds separated by commas, not {text!r}")
-    if any(s < 0 for s in seeds):
-        parser.error(f"{option} takes seeds of 0 or more")
-    return seeds
+        return parse_seeds(text)
+    except ValueError as exc:
+        parser.error(f"{option} {exc}")
 
 
 def main() -> None:

@@ -138,6 +138,22 @@ class Knobs:
         )
 
 
+def parse_seeds(text: str) -> list[int]:
+    """Seeds of the family written as ``1,4,9`` (the benchmarks' ``--only`` and ``--held-out``).
+
+    Raises:
+        ValueError: the text is not whole numbers separated by commas, or one is below 0; the
+            message says which.
+    """
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise ValueError(f"takes seeds separated by commas, not {text!r}") from None
+    if any(s < 0 for s in seeds):
+        raise ValueError("takes seeds of 0 or more")
+    return seeds
+
+
 def draw_knobs(seed: int) -> Knobs:
     """The knobs of draw `seed`, each uniform over its range unless said otherwise.
 
