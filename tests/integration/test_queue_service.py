@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -147,3 +148,79 @@ def test_a_server_that_cannot_start_says_why_in_one_line_and_exits_2(tmp_path, p
     }[problem]
     assert expected in lines[0]
     assert not (tmp_path / "state").exists()  # nothing was created
+
+
+def test_a_second_server_on_the_same_state_folder_exits_2_naming_the_first(server, tmp_path):
+    args = ["--config", str(tmp_path / "queue.toml"), "--state", str(tmp_path / "state")]
+    done = subprocess.run(
+        [*CLI, "queue", "serve", *args, "--port", str(free_port())],
+        env={**os.environ, **TOKENS},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"is in use by process {server.proc.pid}" in done.stderr, done.stderr
+    with server.client("admin-secret") as admin:  # the first one never noticed
+        assert admin.get("/v1/jobs").status_code == 200
+
+
+def test_with_a_relative_state_folder_a_finished_job_is_not_run_again(tmp_path):
+    # The runner writes the job's status in the state folder while it runs in the job's own
+    # cwd: with a relative path the status would land elsewhere, and a job that ends while the
+    # server is down would be taken for lost and run again.
+    (tmp_path / "queue.toml").write_text(CONFIG)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["--config", "queue.toml", "--state", "state", "--port", str(port)]
+
+    def serve() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [*CLI, "queue", "serve", *args],
+            cwd=tmp_path,
+            env={**os.environ, **TOKENS},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while not _answers(url):
+            assert time.monotonic() < deadline, "the server did not answer within 30 s"
+            time.sleep(0.1)
+        return proc
+
+    admin = httpx.Client(base_url=url, headers={"Authorization": "Bearer admin-secret"})
+    code = (
+        "import pathlib, time\n"
+        "print('ready', flush=True)\n"
+        "while not pathlib.Path('go').exists(): time.sleep(0.05)\n"
+        "pathlib.Path('ran').open('a').write('x')\n"
+    )
+    proc = serve()
+    try:
+        job = submit(admin, "a", code, cwd=str(work))
+        ready(admin, job["id"])
+        proc.kill()  # SIGKILL: the job goes on, and ends while no server watches
+        proc.wait(15)
+        (work / "go").touch()
+        deadline = time.monotonic() + 30
+        while not (work / "ran").exists():
+            assert time.monotonic() < deadline, "the job never ran to its end"
+            time.sleep(0.05)
+        time.sleep(0.5)  # its runner records the exit
+        proc = serve()
+        again = wait_for(admin, job["id"], {"completed", "failed", "pending", "running"})
+        assert (again["state"], again["attempts"]) == ("completed", 1), again
+    finally:
+        admin.close()
+        proc.terminate()
+        proc.wait(15)
+    assert (work / "ran").read_text() == "x"  # once, not twice
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -20,10 +20,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,6 +40,8 @@ _T = TypeVar("_T")
 RUNNER_ARGV = (sys.executable, "-I", "-S", runner.__file__)
 """How the runner starts: as a script in isolated mode, untouched by the job's PYTHON* variables
 and by ``preemptible/__init__.py``, in about 12 ms."""
+
+log = logging.getLogger("preemptible.queue")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -198,7 +202,10 @@ class ProcessExecutor:
         except OSError as error:
             raise QueueError(f"cannot start {what}: {error}") from error
         # Our unreaped child cannot vanish from /proc, so this read cannot race with its exit.
-        stat = _read_proc_stat(process.pid)
+        try:
+            stat = _read_proc_stat(process.pid)
+        except ProcUnreadableError:
+            stat = None
         if stat is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
@@ -215,12 +222,16 @@ class ProcessExecutor:
         (a daemonized helper, a stuck DataLoader worker) are sent SIGKILL, so that GPUs the
         manager hands on are really free, and the exit is reported when they are gone.
         """
-        state = self._runner_state(handle)
-        if state is _RunnerState.RUNNING:
-            return None
-        if state is _RunnerState.ENDED and _live_group_members(handle.pid):
-            _signal_group_quietly(handle.pid, signal.SIGKILL)
-            return None
+        try:
+            state = self._runner_state(handle)
+            if state is _RunnerState.RUNNING:
+                return None
+            if state is _RunnerState.ENDED and _live_group_members(handle.pid):
+                _signal_group_quietly(handle.pid, signal.SIGKILL)
+                return None
+        except ProcUnreadableError as error:
+            _warn_unreadable(error)
+            return None  # not known to have ended: asked again at the next poll
         child = self._children.pop((handle.pid, handle.start_ticks), None)
         return _exit_of(handle, state, None if child is None else child.returncode)
 
@@ -233,8 +244,16 @@ class ProcessExecutor:
         self._signal_group(handle, signal.SIGKILL)
 
     def alive(self, handle: ProcessHandle) -> bool:
-        """Whether the handle's runner still runs: same pid and start time, not a zombie."""
-        return self._runner_state(handle) is _RunnerState.RUNNING
+        """Whether the handle's runner still runs: same pid and start time, not a zombie.
+
+        When ``/proc`` cannot be read (no file descriptor left, say), the answer is yes: a live
+        job taken for gone would be killed or run twice.
+        """
+        try:
+            return self._runner_state(handle) is _RunnerState.RUNNING
+        except ProcUnreadableError as error:
+            _warn_unreadable(error)
+            return True
 
     def _job_env(self, spec: LaunchSpec) -> dict[str, str]:
         return {
@@ -259,8 +278,12 @@ class ProcessExecutor:
     def _signal_group(self, handle: ProcessHandle, signum: int) -> None:
         # A recycled pid means our group is empty: Linux frees a pid number only once no
         # process uses it as pid, process group or session id. The group id is someone else's.
-        if self._runner_state(handle) is _RunnerState.RECYCLED:
-            return
+        # Unknown (an unreadable /proc): the group is ours unless it emptied and was reused.
+        try:
+            if self._runner_state(handle) is _RunnerState.RECYCLED:
+                return
+        except ProcUnreadableError as error:
+            _warn_unreadable(error)
         try:
             os.killpg(handle.pid, signum)
         except ProcessLookupError:
@@ -315,12 +338,36 @@ def _prepare_status_path(path: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
+class ProcUnreadableError(QueueError):
+    """``/proc`` could not be read for another reason than the process being gone (EMFILE,
+    ENFILE, EACCES...): whether it lives is unknown, and it must never be taken for gone."""
+
+
+_warned_unreadable = 0.0
+
+
+def _warn_unreadable(error: ProcUnreadableError) -> None:
+    """Log an unreadable ``/proc`` at most once a minute (a poll runs five times a second)."""
+    global _warned_unreadable
+    now = time.monotonic()
+    if now - _warned_unreadable >= 60.0:
+        _warned_unreadable = now
+        log.warning("%s; the job is taken as still running until /proc can be read", error)
+
+
 def _read_proc_stat(pid: int) -> _ProcStat | None:
+    """The process's stat line, or None when no such process exists.
+
+    Raises:
+        ProcUnreadableError: the file exists or may exist but could not be read.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat_file:
             text = stat_file.read()
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):
         return None
+    except OSError as error:
+        raise ProcUnreadableError(f"cannot read /proc/{pid}/stat: {error}") from error
     # Field 2 is the command name in parentheses and may itself hold spaces and ")".
     fields = text[text.rindex(b")") + 2 :].split()
     # fields[0] is field 3 of proc(5): state; field 5 is the process group; field 22 starttime.
@@ -332,7 +379,11 @@ def _read_proc_stat(pid: int) -> _ProcStat | None:
 def _live_group_members(process_group: int) -> list[int]:
     """Pids of the group's processes that are not zombies (a full scan of /proc: ~1 ms)."""
     members = []
-    for name in os.listdir("/proc"):
+    try:
+        names = os.listdir("/proc")
+    except OSError as error:
+        raise ProcUnreadableError(f"cannot list /proc: {error}") from error
+    for name in names:
         if name.isdigit():
             stat = _read_proc_stat(int(name))
             if stat is not None and stat.process_group == process_group and stat.state not in "ZX":

@@ -92,6 +92,7 @@ class QueueManager:
         poll_s: float = 0.2,
         cycle_every_s: float = 1.0,
     ):
+        state_dir = Path(state_dir).absolute()  # jobs and their runners run in other folders
         self.config = config
         self.store = store
         self.executor = executor

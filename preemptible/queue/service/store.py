@@ -6,12 +6,16 @@ commit). A job is one row holding its record as JSON, plus the columns the manag
 the audit log is a table of its own, and so are the samples of the four signals (one a minute
 for the last day, `history.py`); a file written before that table existed gets it when opened.
 The file carries its schema version: a file written by a newer version, or one that is not a
-database, is refused with a clear error and never overwritten.
+database, is refused with a clear error and never overwritten. One manager at a time: the state
+folder is locked (`flock` on `queue.lock`, released when the process ends however it ends), and
+a second one is refused with the pid of the first.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -24,6 +28,7 @@ from preemptible.errors import StateStoreError
 
 SCHEMA_VERSION = 1
 FILE_NAME = "queue.sqlite3"
+LOCK_NAME = "queue.lock"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -55,16 +60,22 @@ class Store:
     """The SQLite file under the state directory; safe to use from several threads."""
 
     def __init__(self, state_dir: Path):
-        self.path = Path(state_dir) / FILE_NAME
+        state_dir = Path(state_dir).absolute()
+        self.path = state_dir / FILE_NAME
         try:
-            Path(state_dir).mkdir(parents=True, exist_ok=True)
+            state_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StateStoreError(
                 f"cannot create the state directory {state_dir}: {exc.strerror or exc}; "
                 "choose another with --state"
             ) from None
+        self._folder_lock = _lock_folder(state_dir)
         self._lock = threading.Lock()
-        self._db = self._open()
+        try:
+            self._db = self._open()
+        except BaseException:
+            os.close(self._folder_lock)
+            raise
 
     def _open(self) -> sqlite3.Connection:
         existed = self.path.exists()
@@ -105,8 +116,12 @@ class Store:
         return int(row[0]) if row else None
 
     def close(self) -> None:
+        """Close the file and release the state folder for another manager."""
         with self._lock:
             self._db.close()
+            if self._folder_lock >= 0:
+                os.close(self._folder_lock)  # closing the descriptor releases the flock
+                self._folder_lock = -1
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -279,3 +294,30 @@ class GroupCommit:
         except BaseException as exc:  # the commit itself failed: nothing of it is on disk
             for write in batch:
                 write.error = write.error or exc
+
+
+def _lock_folder(state_dir: Path) -> int:
+    """Hold the state folder for this process: a descriptor with an exclusive `flock` on
+    `queue.lock`, which holds this process's pid. The descriptor is not inherited by jobs
+    (Python opens it close-on-exec), so no job can keep a dead manager's folder locked.
+
+    Raises:
+        StateStoreError: another process holds the folder (its pid is named).
+    """
+    path = state_dir / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise StateStoreError(f"cannot open {path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StateStoreError(
+            f"the state folder {state_dir} is in use by process {holder} (another "
+            "`preemptible queue serve`); stop that one, or give this one another --state"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

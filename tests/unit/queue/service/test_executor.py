@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -351,6 +352,31 @@ def test_a_new_executor_adopts_a_running_job_and_learns_its_exit_code(jobs: Jobs
 
     ended = jobs.wait_exit(handle, restarted)
     assert (ended.how, ended.exit_code, ended.signal) == (ExitKind.EXITED, 7, None)
+
+
+def test_an_adopted_job_is_never_taken_for_gone_while_proc_cannot_be_read(jobs: Jobs) -> None:
+    # Out of file descriptors for real (EMFILE): /proc cannot be opened, which says nothing
+    # about the job. It must stay alive and unended, or the manager would kill or rerun it.
+    handle = launch_from_a_manager_that_then_dies(jobs.workdir, WAIT_FOR_GO_THEN_EXIT_7)
+    jobs.started.append(handle)
+    wait_for_file(jobs.workdir / "ready")
+    restarted = ProcessExecutor()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held: list[int] = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        with pytest.raises(OSError):
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+        alive, ended = restarted.alive(handle), restarted.poll(handle)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert alive and ended is None
+    assert restarted.alive(handle)  # and, /proc readable again, it still runs
+    (jobs.workdir / "go").touch()
+    assert jobs.wait_exit(handle, restarted).exit_code == 7
 
 
 def test_an_adopted_job_killed_as_a_group_is_reported_killed(jobs: Jobs) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from preemptible.errors import StateStoreError
 from preemptible.queue.service.store import GroupCommit, Store
 
 
@@ -83,3 +87,23 @@ def test_a_failing_write_in_a_shared_commit_fails_alone(tmp_path: Path) -> None:
         t.join()
     assert list(errors) == ["j1"] and isinstance(errors["j1"], sqlite3.IntegrityError)
     assert jobs_in(store.path) == ["j1", "j2", "j4"]
+
+
+def test_a_second_store_on_one_folder_is_refused_naming_the_first_process(tmp_path: Path) -> None:
+    first = Store(tmp_path)
+    with pytest.raises(StateStoreError, match=f"in use by process {os.getpid()}"):
+        Store(tmp_path)
+    first.close()
+    Store(tmp_path).close()  # released on close (and by the kernel when a process dies)
+
+
+def test_the_folder_lock_is_not_inherited_by_a_child_process(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
+    child = subprocess.Popen(sleep, close_fds=False)  # even a launcher that passes every fd
+    try:
+        store.close()
+        Store(tmp_path).close()  # a job that outlives its manager never holds its folder
+    finally:
+        child.kill()
+        child.wait()
