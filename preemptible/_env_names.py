@@ -45,6 +45,9 @@ SERVICE_ACCOUNT_DIR_ENV = "PREEMPTIBLE_SERVICE_ACCOUNT_DIR"
 LOG_LEVEL_ENV = "PREEMPTIBLE_LOG_LEVEL"
 """The log level of the queue manager and the sidecar (``INFO`` unless set)."""
 
+CRASH_AT_ENV = "PREEMPTIBLE_CRASH_AT"
+"""For the fault-injection tests only: the manager kills itself at this named moment."""
+
 # --- what ``preemptible launch`` sets for its child ----------------------------------------------
 
 LAUNCH_ENV = "PREEMPTIBLE_LAUNCH_PID"

@@ -188,7 +188,7 @@ class Health(BaseModel):
 # --- routes --------------------------------------------------------------------------------------
 
 
-router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422))
+router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422, 503))
 _JOB = error_responses(404)
 _BODY = error_responses(400, 413)
 

@@ -28,6 +28,7 @@ from preemptible.errors import (
     JobNotFoundError,
     JobStateError,
     RequestError,
+    StateStoreError,
 )
 from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.service.auth import AuthenticationError, Authenticator, Principal
@@ -107,6 +108,8 @@ _DESCRIPTIONS = {
     409: "The job's state does not allow this (it has finished, or is not running).",
     413: "The request body is larger than the server accepts.",
     422: "The request does not match the schema; the message names the field.",
+    503: "The state file cannot be written (a full disk, a read-only folder): nothing was "
+    "stored; the message says what to fix, and the request may be sent again once it is.",
 }
 _CODES = {
     400: "invalid_request",
@@ -118,6 +121,7 @@ _CODES = {
     413: "payload_too_large",
     422: "invalid_request",
     500: "internal",
+    503: "state_unwritable",
 }
 
 
@@ -162,6 +166,7 @@ def install_error_handlers(app: FastAPI) -> None:
         (JobStateError, 409),
         (RequestError, 400),
         (ConfigError, 400),  # a request naming what the configuration lacks (a queue...)
+        (StateStoreError, 503),  # the disk's fault, not the request's: it may be sent again
     ]
     for exc_type, status in mapping:
 

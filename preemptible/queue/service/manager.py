@@ -41,6 +41,7 @@ from preemptible.queue.core.negotiation import (
 from preemptible.queue.scheduler_loop import Shell
 from preemptible.queue.service import kpis
 from preemptible.queue.service.book import JobBook
+from preemptible.queue.service.crash_points import crash_point
 from preemptible.queue.service.executor import (
     ProcessExecutor,
 )
@@ -49,6 +50,7 @@ from preemptible.queue.service.metrics import DurationHistogram
 from preemptible.queue.service.records import JobRecord
 from preemptible.queue.service.recovery import recover
 from preemptible.queue.service.runs import JobRuns
+from preemptible.queue.service.steady_clock import SteadyClock
 from preemptible.queue.service.store import GroupCommit, Store
 from preemptible.queue.service.views import (
     CostView,
@@ -88,7 +90,7 @@ class QueueManager:
         state_dir: Path,
         url: str = "",
         policy: Policy | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         poll_s: float = 0.2,
         cycle_every_s: float = 1.0,
     ):
@@ -96,7 +98,7 @@ class QueueManager:
         self.config = config
         self.store = store
         self.executor = executor
-        self.clock = clock
+        self.clock = SteadyClock() if clock is None else clock
         self.poll_s = poll_s
         self.cycle_every_s = cycle_every_s
         self.shell = Shell(config, policy or POLICIES["preemptible"])
@@ -235,6 +237,7 @@ class QueueManager:
             self.book.event(db, now, "submitted", record, "submitted", {"gpus": req.gpus})
 
         self.commits.write(write)
+        crash_point("submitted")
         with self.changed:
             self.jobs[job_id] = record
             self.book.by_token[token_hash] = job_id
@@ -407,6 +410,8 @@ class QueueManager:
                 self.store.update_job(db, job_id, record.state, record.to_doc())
                 reason = "saved after the notice: exiting" if acked else "saved"
                 self.book.event(db, now, "checkpointed", record, reason, {"step": step})
+            if acked:
+                crash_point("acked")
             self.changed.notify_all()
 
     def _note_checkpoint(self, record: JobRecord, step: int | None, at: float) -> float:

@@ -30,6 +30,7 @@ from preemptible.queue.core.model import Admit
 from preemptible.queue.core.negotiation import grace_seconds
 from preemptible.queue.scheduler_loop import Leaving, Shell
 from preemptible.queue.service.book import JobBook
+from preemptible.queue.service.crash_points import crash_point
 from preemptible.queue.service.executor import Exit, ExitKind, LaunchSpec, ProcessExecutor
 from preemptible.queue.service.records import JobRecord, SentNotice
 from preemptible.queue.service.views import JobState
@@ -96,12 +97,14 @@ class JobRuns:
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
             self.book.event(db, now, "admitted", record, admit.reason, {"gpus": record.gpu_ids})
         self.admissions[record.queue] += 1
+        crash_point("admitted")
         try:
             handle = self.executor.launch(self.launch_spec(record))
         except QueueError as exc:
             record.launch_error = str(exc)
         else:
             record.handle = handle
+            crash_point("launched")
         self.book.save(record)
 
     def noticed(self, notice: Preempt, running: RunningJob, now: float) -> Leaving:
@@ -157,6 +160,7 @@ class JobRuns:
         with self.book.store.transaction() as db:
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
             self.book.event(db, now, "notice", record, reason, {"grace_s": grace_s, "for": for_job})
+        crash_point("noticed")
         if record.handle is not None:
             self.executor.terminate(record.handle)
             # Stored once sent: a manager that dies before this line sends it again at restart.
@@ -252,6 +256,7 @@ class JobRuns:
         data: dict[str, Any] | None = None,
     ) -> None:
         """The job is over for good: completed, failed or cancelled, with the reason."""
+        crash_point("finishing")
         record.state = state
         record.reason = f"{state.value}: {reason}"
         record.finished_at = now

@@ -13,6 +13,7 @@ a second one is refused with the pid of the first.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -85,6 +86,11 @@ class Store:
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA busy_timeout=5000")
             version = self._version(db) if existed else None
+        except sqlite3.OperationalError as exc:  # cannot open or write, not a wrong file
+            raise StateStoreError(
+                f"cannot open the state file {self.path} for writing ({exc}): make its folder "
+                "writable and give its disk room, or choose another with --state"
+            ) from None
         except sqlite3.DatabaseError as exc:
             raise StateStoreError(
                 f"{self.path} is not a queue state file this version can read ({exc}); it was "
@@ -98,11 +104,18 @@ class Store:
                 f"{self.path} was written by a newer preemptible (schema {version}, this one "
                 f"reads up to {SCHEMA_VERSION}); it was left as it is: upgrade preemptible"
             )
-        db.executescript(_SCHEMA)
-        db.execute(
-            "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-            (str(SCHEMA_VERSION),),
-        )
+        try:
+            db.executescript(_SCHEMA)
+            db.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+        except sqlite3.OperationalError as exc:
+            db.close()
+            raise StateStoreError(
+                f"cannot write the state file {self.path} ({exc}): make its folder writable "
+                "and give its disk room, or choose another with --state"
+            ) from None
         return db
 
     @staticmethod
@@ -125,15 +138,29 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic, durable write: all of it is on disk when the block ends, or none."""
+        """One atomic, durable write: all of it is on disk when the block ends, or none.
+
+        Raises:
+            StateStoreError: the file cannot be written (a full disk, a read-only folder, an
+                I/O error); nothing of the transaction is stored.
+        """
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise StateStoreError(
+                    f"the state file {self.path} cannot be written ({exc}): free space on its "
+                    "disk or make its folder writable; nothing of this change was stored"
+                ) from exc
 
     # --- jobs ---------------------------------------------------------------------------------
 
@@ -308,7 +335,10 @@ def _lock_folder(state_dir: Path) -> int:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
-        raise StateStoreError(f"cannot open {path}: {exc.strerror or exc}") from None
+        raise StateStoreError(
+            f"cannot write in the state folder {state_dir} ({exc.strerror or exc}): make it "
+            "writable, or choose another with --state"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

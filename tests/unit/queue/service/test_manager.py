@@ -21,6 +21,7 @@ from preemptible.queue.core import parse_config
 from preemptible.queue.service.executor import ProcessExecutor
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.server import build_manager
+from preemptible.queue.service.steady_clock import SteadyClock
 from preemptible.queue.service.store import FILE_NAME, Store
 from preemptible.queue.service.views import CostView, JobState, SubmitRequest
 
@@ -372,3 +373,22 @@ def test_a_corrupt_or_newer_state_file_is_refused_and_left_alone(tmp_path):
     with pytest.raises(StateStoreError, match="newer preemptible"):
         manager(newer)
     assert (newer / FILE_NAME).read_bytes() == before
+
+
+def test_a_wall_clock_jump_neither_kills_a_job_early_nor_holds_it_late(tmp_path, caplog):
+    m = manager(tmp_path / "state")
+    assert isinstance(m.clock, SteadyClock)  # what `queue serve` runs with
+    jumped = [0.0]
+    m.clock = SteadyClock(wall=lambda: time.time() + jumped[0])  # its wall under our control
+    job = submit(m, "a", STUBBORN, cwd=tmp_path)
+    running(m, job.id)
+    m.cancel(job.id)
+    grace = m.jobs[job.id].notice.grace_s
+    jumped[0] = 86400.0  # a day forward: every deadline on the wall clock has passed
+    m.step()
+    assert m.jobs[job.id].notice.killed_at is None, "killed at once by a clock jump"
+    assert "the wall clock jumped +86400 s" in caplog.text
+    jumped[0] = -3600.0  # an hour back: the deadline must still come
+    until(m, lambda: state_of(m, job.id) is JobState.CANCELLED, timeout=grace + 10)
+    ended = [e for e in m.events(job_id=job.id) if e.kind == "cancelled"][-1]
+    assert ended.data["killed"] and ended.data["took_s"] >= grace - 0.1
