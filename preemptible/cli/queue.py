@@ -285,12 +285,15 @@ def _width() -> int | None:
 def why(
     job_id: JobId, url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False
 ) -> None:
-    """Why a job waits, or why it was preempted: its state, reason and history."""
+    """Why a job waits, or why it was preempted: its state, reason, any claimed cost counted as
+    less than claimed, and its history."""
     answer = _Client(url, token).call("GET", f"/v1/jobs/{job_id}/why")
     if as_json:
         _print_json(answer)
         return
     typer.echo(f"{answer['id']}: {answer['state']}: {answer['reason']}")
+    for clamp in answer.get("clamped") or ():  # a server older than the caps sends none
+        typer.echo(f"  {clamp}")
     for event in answer["history"]:
         typer.echo(f"  {_clock(event['at'])}  {event['kind']:<12} {event['reason']}")
 

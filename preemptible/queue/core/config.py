@@ -74,6 +74,11 @@ RECLAIM_WITHIN_GRACES = 3.0
 capacity to free on its own before a reclaim costs its victims a save and a restore; chosen on
 the workload family (docs/internals/reclaim-within.md)."""
 
+CLAIMED_RESTORE_GRACES = 3.0
+"""`max_claimed_restore` by default, in units of `grace_max` (30 minutes with the defaults): a
+restore may take longer than a save (start-up, loading, warm-up), but a claim beyond this buys
+nothing (docs/internals/bounded-claims.md)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PreemptionSettings:
@@ -96,6 +101,15 @@ class PreemptionSettings:
     """No job is preempted before running this long (reclaim of borrowed capacity aside)."""
     min_runtime_multiple: float = 10.0
     """Minimum runtime is at least this multiple of (save p95 + restore)."""
+    max_claimed_save_s: float | None = None
+    """A job's claimed save cost counts as at most this much in its grace and minimum runtime.
+    None: `grace_max` (`claimed_save_cap_s`)."""
+    max_claimed_restore_s: float | None = None
+    """A job's claimed restore cost counts as at most this much in its minimum runtime. None:
+    `CLAIMED_RESTORE_GRACES` times `grace_max` (`claimed_restore_cap_s`)."""
+    min_runtime_max_s: float | None = None
+    """No claim buys a minimum runtime longer than this (never less than `min_runtime`). None:
+    what the largest counted claims buy (`min_runtime_cap_s`)."""
     tier_patience_s: float = 600.0
     """A job that could start only by preempting lower tiers first waits this long after its
     submission for capacity to free on its own (policies that have the rule); 0 = at once."""
@@ -116,6 +130,33 @@ class PreemptionSettings:
         if self.reclaim_within_s is not None:
             return self.reclaim_within_s
         return RECLAIM_WITHIN_GRACES * self.grace_max_s
+
+    @property
+    def claimed_save_cap_s(self) -> float:
+        """The most a claimed save counts for: `max_claimed_save` as set, else `grace_max` (a
+        longer save cannot be done within any grace the queue grants)."""
+        if self.max_claimed_save_s is not None:
+            return self.max_claimed_save_s
+        return self.grace_max_s
+
+    @property
+    def claimed_restore_cap_s(self) -> float:
+        """The most a claimed restore counts for: `max_claimed_restore` as set, else
+        `CLAIMED_RESTORE_GRACES` times `grace_max`."""
+        if self.max_claimed_restore_s is not None:
+            return self.max_claimed_restore_s
+        return CLAIMED_RESTORE_GRACES * self.grace_max_s
+
+    @property
+    def min_runtime_cap_s(self) -> float:
+        """The longest minimum runtime any claim buys: `min_runtime_max` as set, else what the
+        capped claims buy, `min_runtime_multiple * (save cap + restore cap)`, and never less than
+        `min_runtime`. The default binds nothing the claim caps do not; set it lower to bound
+        how long a higher tier may wait for a lower one."""
+        if self.min_runtime_max_s is not None:
+            return self.min_runtime_max_s
+        counted = self.claimed_save_cap_s + self.claimed_restore_cap_s
+        return max(self.min_runtime_s, self.min_runtime_multiple * counted)
 
     @property
     def nomination_window_s(self) -> float:
@@ -512,6 +553,9 @@ def _preemption(raw: Any) -> PreemptionSettings:
         "cooldown": "cooldown_s",
         "tier_patience": "tier_patience_s",
         "reclaim_within": "reclaim_within_s",
+        "max_claimed_save": "max_claimed_save_s",
+        "max_claimed_restore": "max_claimed_restore_s",
+        "min_runtime_max": "min_runtime_max_s",
     }
     numbers = {"grace_safety": "grace_safety", "min_runtime_multiple": "min_runtime_multiple"}
     _only(raw, {*durations, *numbers, "queue_budget_per_hour", "enabled"}, ("preemption",))
@@ -549,6 +593,14 @@ def _preemption(raw: Any) -> PreemptionSettings:
             f"({settings.grace_max_s:g}s{'' if 'grace_max' in raw else ', the default'}): a "
             "reclaimed job may take up to grace_max to save; set reclaim_within to grace_max "
             "or more",
+        )
+    ceiling = settings.min_runtime_max_s
+    if ceiling is not None and ceiling < settings.min_runtime_s:
+        raise _Invalid(
+            ("preemption", "min_runtime_max"),
+            f"min_runtime_max ({ceiling:g}s) is shorter than min_runtime "
+            f"({settings.min_runtime_s:g}s{'' if 'min_runtime' in raw else ', the default'}): "
+            "every job runs at least min_runtime; set min_runtime_max to min_runtime or more",
         )
     return settings
 

@@ -160,6 +160,19 @@ def waits_to_preempt(seconds: float, victims: Iterable[str]) -> str:
     )
 
 
+def clamped(claim: str, claimed_s: float, counted_s: float, setting: str) -> str:
+    """A claim the negotiation counted as less (`negotiation.Clamped`)."""
+    claimed, counted = _seconds(claimed_s), _seconds(counted_s)
+    if claim == "minimum runtime":
+        return f"claims buy a minimum runtime of {claimed} s, counted as {counted} s ({setting})"
+    return f"claimed {claim} {claimed} s, counted as {counted} s ({setting})"
+
+
+def _seconds(seconds: float) -> str:
+    """'604800', '2.5': whole seconds as such (never '6.048e+05'), else to a tenth."""
+    return str(int(seconds)) if seconds == int(seconds) else f"{seconds:.1f}"
+
+
 def waits_to_reclaim(seconds: float, victims: Iterable[str]) -> str:
     return (
         f"pending: no free capacity; waits up to {seconds:.0f}s for some to free "

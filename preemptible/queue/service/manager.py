@@ -34,6 +34,7 @@ from preemptible.queue.core import (
 )
 from preemptible.queue.core.fair_share import dominant_share, fair_share_value, weight_fractions
 from preemptible.queue.core.negotiation import (
+    Negotiated,
     grace_seconds,
     interval_hint_seconds,
     negotiate,
@@ -294,8 +295,11 @@ class QueueManager:
         with self.lock:
             record = self.book.get(job_id)
             reason = record.reason
+            clamped = [c.reason for c in self._terms(record).clamped]
         history = self.events(job_id=job_id, limit=100_000)
-        return WhyView(id=job_id, state=record.state, reason=reason, history=history[::-1])
+        return WhyView(
+            id=job_id, state=record.state, reason=reason, history=history[::-1], clamped=clamped
+        )
 
     def events(
         self,
@@ -350,17 +354,23 @@ class QueueManager:
             self.runs.dirty = True
             return answer
 
+    def _terms(self, record: JobRecord) -> Negotiated:
+        """What the core grants for the job's claimed cost and observed exit, with the caps
+        that bound the claim (the record keeps the claim as the job sent it)."""
+        cost = record.cost or CostView()
+        return negotiate(
+            cost.save_seconds_p95 or 0.0,
+            cost.restore_seconds or 0.0,
+            self.config.preemption,
+            observed_exit_s=record.observed_exit_s,
+        )
+
     def _negotiate(self, db: Any, record: JobRecord, now: float) -> NegotiationView:
         """The job's terms from its claimed cost and its observed exit, stored in `record`;
         a 'negotiated' event when its grace or minimum runtime change."""
         cost = record.cost or CostView()
         save = cost.save_seconds_p95 or 0.0
-        answer = negotiate(
-            save,
-            cost.restore_seconds or 0.0,
-            self.config.preemption,
-            observed_exit_s=record.observed_exit_s,
-        )
+        answer = self._terms(record)
         # The interval hint weighs what a checkpoint costs the loop: the stall, when the job
         # saves in the background, else the whole save.
         stall = cost.stall_seconds_p95 or save
@@ -377,12 +387,24 @@ class QueueManager:
             why = f"grace {answer.grace_s:g} s, minimum runtime {answer.min_runtime_s:g} s"
             if record.observed_exit_s is not None:
                 why += f" (it took {record.observed_exit_s:.3g} s to exit when told)"
+            for clamp in answer.clamped:
+                why += f"; {clamp.reason}"
             data = {
                 "grace_s": answer.grace_s,
                 "min_runtime_s": answer.min_runtime_s,
                 "save_s": save,
+                "restore_s": cost.restore_seconds,
                 "observed_exit_s": record.observed_exit_s,
                 "interval_hint_s": hint,
+                "clamped": [
+                    {
+                        "claim": c.claim,
+                        "claimed_s": c.claimed_s,
+                        "counted_s": c.counted_s,
+                        "setting": c.setting,
+                    }
+                    for c in answer.clamped
+                ],
             }
             self.book.event(db, now, "negotiated", record, why, data)
             record.terms_logged = [answer.grace_s, answer.min_runtime_s]

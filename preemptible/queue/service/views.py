@@ -100,6 +100,10 @@ class WhyView:
     reason: str
     history: list[EventView]
     """This job's events (submitted, admitted, notice, exited, requeued...), newest first."""
+    clamped: list[str] = field(default_factory=list)
+    """The job's claimed costs that its terms count as less, and the setting that capped each,
+    e.g. "claimed restore 604800 s, counted as 1800 s (max_claimed_restore)"; empty when no
+    cap binds its last report (`negotiation.Clamped`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -22,6 +22,9 @@ grace_min = "20s"
 grace_max = "5m"
 min_runtime = "10m"
 min_runtime_multiple = 4
+max_claimed_save = "4m"
+max_claimed_restore = "20m"
+min_runtime_max = "2h"
 cooldown = "15m"
 tier_patience = "5m"
 reclaim_within = "20m"
@@ -73,6 +76,8 @@ def test_full_config_parses_every_key():
     assert (p.grace_safety, p.grace_margin_s, p.grace_min_s, p.grace_max_s) == (2.0, 5, 20, 300)
     assert (p.min_runtime_s, p.min_runtime_multiple, p.cooldown_s) == (600, 4, 900)
     assert p.tier_patience_s == 300
+    assert (p.max_claimed_save_s, p.max_claimed_restore_s, p.min_runtime_max_s) == (240, 1200, 7200)
+    assert (p.claimed_save_cap_s, p.claimed_restore_cap_s, p.min_runtime_cap_s) == (240, 1200, 7200)
     assert p.reclaim_within_s == p.guarantee_s == 1200
     assert p.queue_budget_per_hour == 3
     a = cfg.queue("team-a")
@@ -111,6 +116,25 @@ def test_auto_gpus_is_left_to_the_shell():
             "[cluster]\ngpus = 8\n[preemption]\nreclaim_within='5m'\n",
             "reclaim_within \\(300s\\) is shorter than grace_max \\(600s, the default\\)",
         ),
+        (
+            "[cluster]\ngpus = 8\n[preemption]\nmin_runtime_max='1m'\n",
+            "min_runtime_max \\(60s\\) is shorter than min_runtime \\(300s, the default\\)",
+        ),
+        (
+            "[cluster]\ngpus = 8\n[preemption]\nmin_runtime='1h'\nmin_runtime_max='30m'\n",
+            "preemption.min_runtime_max: min_runtime_max \\(1800s\\) is shorter than min_runtime "
+            "\\(3600s\\): every job runs at least min_runtime",
+        ),
+        (
+            "[cluster]\ngpus = 8\n[preemption]\nmax_claimed_restore=-300\n",
+            "preemption.max_claimed_restore: must not be negative",
+        ),
+        (
+            "[cluster]\ngpus = 8\n[preemption]\nmax_claimed_save='a while'\n",
+            "preemption.max_claimed_save: 'a while' is not a duration",
+        ),
+        ("[cluster]\ngpus = 8\n[preemption]\nmax_claimed_save=inf\n", "finite duration"),
+        ("[cluster]\ngpus = 8\n[preemption]\nmax_claim_save='5m'\n", "unknown key 'max_cl"),
         ("[cluster]\ngpus = 8\n[[queues]]\nname='a'\nnominal={gpu=2}\n", "unknown key 'gpu'"),
         ("[cluster\ngpus = 8\n", "not valid TOML"),
         ("[cluster]\ngpus = 8\n[policy]\ndefragment = 'yes'\n", "policy.defragment: expected true"),
@@ -128,6 +152,12 @@ def test_auto_gpus_is_left_to_the_shell():
         "zero-weight",
         "grace-swapped",
         "reclaim-within-below-grace",
+        "min-runtime-max-below-default-min-runtime",
+        "min-runtime-max-below-min-runtime",
+        "negative-restore-cap",
+        "save-cap-not-a-duration",
+        "infinite-save-cap",
+        "save-cap-typo",
         "resource-typo",
         "toml-syntax",
         "defragment-not-bool",
@@ -146,6 +176,22 @@ def test_invalid_configs_name_the_problem(text, message):
 def test_the_nominal_guarantee_is_three_graces_unless_set(preemption, guarantee):
     cfg = parse_config_text(f"[cluster]\ngpus = 8\n[preemption]\n{preemption}\n")
     assert cfg.preemption.guarantee_s == guarantee
+
+
+@pytest.mark.parametrize(
+    "preemption, caps",
+    [
+        ("", (600, 1800, 24000)),
+        ("grace_max = '20m'", (1200, 3600, 48000)),
+        ("max_claimed_restore = '5m'\nmin_runtime_multiple = 4", (600, 300, 3600)),
+        ("min_runtime = '8h'", (600, 1800, 28800)),
+        ("min_runtime_max = '1h'", (600, 1800, 3600)),
+    ],
+    ids=["defaults", "follow-grace-max", "restore-set", "floor-above-caps", "max-set"],
+)
+def test_claim_caps_follow_grace_max_unless_set(preemption, caps):
+    p = parse_config_text(f"[cluster]\ngpus = 8\n[preemption]\n{preemption}\n").preemption
+    assert (p.claimed_save_cap_s, p.claimed_restore_cap_s, p.min_runtime_cap_s) == caps
 
 
 def test_unknown_queue_lookup_lists_known_queues():

@@ -25,7 +25,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from preemptible.errors import JobNotFoundError, JobStateError, RequestError
-from preemptible.queue.core import QueueConfig, parse_config_text
+from preemptible.queue.core import QueueConfig, negotiate, parse_config_text
 from preemptible.queue.service.history import SignalSample
 from preemptible.queue.service.metrics import DurationHistogram
 from preemptible.queue.service.views import (
@@ -185,7 +185,19 @@ class FakeQueueManager:
         with self._changed:
             view = self._get(job_id).view
             history = [e for e in reversed(self._events) if e.job_id == job_id]
-            return WhyView(id=job_id, state=view.state, reason=view.reason, history=history)
+            # the caps are the core's, as the real manager's are
+            terms = negotiate(
+                view.cost.save_seconds_p95 or 0.0,
+                view.cost.restore_seconds or 0.0,
+                self.config.preemption,
+            )
+            return WhyView(
+                id=job_id,
+                state=view.state,
+                reason=view.reason,
+                history=history,
+                clamped=[c.reason for c in terms.clamped],
+            )
 
     def report_cost(self, job_id: str, cost: CostView) -> NegotiationView:
         self._maybe_fail()

@@ -24,7 +24,7 @@ from preemptible.cli.queue import app
 from preemptible.errors import ConfigError
 from preemptible.queue.service.app import create_app
 from preemptible.queue.service.auth import resolve_tokens
-from preemptible.queue.service.views import JobView, SubmitRequest
+from preemptible.queue.service.views import CostView, JobView, SubmitRequest
 
 from .fake_manager import (
     ADMIN_TOKEN,
@@ -216,6 +216,17 @@ def test_why_prints_the_reason_and_history(cli: RunCli, fake: FakeQueueManager) 
     assert first == f"{job.id}: running: admitted within nominal quota"
     assert "admitted" in history[0] and "submitted" in history[1]
     assert json.loads(cli("why", job.id, "--json").stdout)["id"] == job.id
+
+
+def test_why_shows_a_claim_counted_as_less(cli: RunCli, fake: FakeQueueManager) -> None:
+    job = started(fake)
+    fake.report_cost(job.id, CostView(save_seconds_p95=20.0, restore_seconds=604800.0))
+    first, clamp, *history = cli("why", job.id).stdout.splitlines()
+    assert first.startswith(f"{job.id}: running: ")
+    assert clamp == "  claimed restore 604800 s, counted as 1800 s (max_claimed_restore)"
+    assert "admitted" in history[0]
+    answer = json.loads(cli("why", job.id, "--json").stdout)
+    assert answer["clamped"] == [clamp.strip()]
 
 
 def test_cancel_then_cancel_again(cli: RunCli, fake: FakeQueueManager) -> None:

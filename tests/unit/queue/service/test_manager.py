@@ -225,6 +225,60 @@ def test_a_cost_report_logs_new_terms_once_and_counts_its_checkpoint(tmp_path):
     until(m, lambda: state_of(m, job.id) is JobState.CANCELLED)
 
 
+def test_a_week_long_cost_claim_is_preempted_after_a_bounded_minimum_runtime(tmp_path):
+    # One GPU, one queue: the high-tier job can only take the low one by tier preemption, which
+    # waits out the victim's minimum runtime. The claim is a week of save and of restore; the
+    # caps are grace_max (3 s) and 3 x grace_max (9 s), so it buys 10 x (3 + 9) = 120 s.
+    config = parse_config(
+        {
+            "cluster": {"gpus": 1},
+            "preemption": {**CONFIG["preemption"], "tier_patience": "0s"},
+            "queues": [{"name": "a", "nominal": {"gpus": 1}}],
+        }
+    )
+    ahead = [0.0]  # the manager's clock runs this far ahead of the wall clock
+    state = tmp_path / "state"
+    m = QueueManager(
+        config,
+        Store(state),
+        ProcessExecutor(),
+        state_dir=state,
+        url="http://127.0.0.1:9",
+        clock=lambda: time.time() + ahead[0],
+    )
+    _MANAGERS.append(m)
+    low = submit(m, "a", SAVER, tier="low", cwd=tmp_path)
+    running(m, low.id)
+    week = 604800.0
+    terms = m.report_cost(low.id, CostView(save_seconds_p95=week, restore_seconds=week))
+    assert (terms.grace_s, terms.min_runtime_s) == (3.0, 120.0)
+    assert m.get_job(low.id).cost.restore_seconds == week  # the record keeps the claim
+    high = submit(m, "a", "print('hi')", tier="high")
+    for _ in range(3):
+        m.step()
+    assert state_of(m, low.id) is JobState.RUNNING and state_of(m, high.id) is JobState.PENDING
+    assert m.why(low.id).clamped == [
+        "claimed save 604800 s, counted as 3 s (max_claimed_save)",
+        "claimed restore 604800 s, counted as 9 s (max_claimed_restore)",
+    ]
+    ahead[0] += 120.0 + 120.0  # past the minimum runtime and the failed search's back-off
+    until(m, lambda: state_of(m, high.id) is JobState.COMPLETED)
+    assert (tmp_path / "saved").exists()  # it was told to go, and saved
+    notice = next(e for e in m.events(job_id=low.id) if e.kind == "notice")
+    assert "tier low yields to high" in notice.reason
+    # its quick exit now checks the save claim; the restore claim is still only capped
+    assert m.why(low.id).clamped == [
+        "claimed restore 604800 s, counted as 9 s (max_claimed_restore)"
+    ]
+    negotiated = next(e for e in m.events(job_id=low.id) if e.kind == "negotiated")
+    assert "claimed restore 604800 s, counted as 9 s (max_claimed_restore)" in negotiated.reason
+    assert [c["setting"] for c in negotiated.data["clamped"]] == [
+        "max_claimed_save",
+        "max_claimed_restore",
+    ]
+    assert negotiated.data["restore_s"] == week
+
+
 def test_notice_long_poll_returns_the_notice_with_its_deadline(tmp_path):
     m = manager(tmp_path / "state")
     low = submit(m, "b", SAVER, gpus=2, tier="low", cwd=tmp_path)
