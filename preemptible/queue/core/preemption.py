@@ -33,7 +33,11 @@ from typing import NamedTuple
 from preemptible.queue.core.config import PreemptionSettings
 from preemptible.queue.core.ledger import Ledger
 from preemptible.queue.core.model import Job, RunningJob, VictimKind
-from preemptible.queue.core.negotiation import grace_seconds, min_runtime_seconds
+from preemptible.queue.core.negotiation import (
+    counted_restore_s,
+    grace_seconds,
+    min_runtime_seconds,
+)
 from preemptible.queue.core.policy import Policy, VictimOrder
 from preemptible.queue.core.quota import (
     QuotaVerdict,
@@ -80,13 +84,19 @@ def in_cooldown(job: Job, now: float, settings: PreemptionSettings) -> bool:
     return last is not None and now - last < settings.cooldown_s
 
 
-def lost_gpu_seconds(running: RunningJob, now: float, grace_s: float) -> float:
-    """GPU-seconds a preemption now would waste: unsaved work (or the save) plus restore."""
+def lost_gpu_seconds(
+    running: RunningJob, now: float, grace_s: float, settings: PreemptionSettings
+) -> float:
+    """GPU-seconds a preemption now would waste: unsaved work (or the save) plus restore.
+
+    The restore counts as negotiated (at most `max_claimed_restore`): a claim must not make a
+    job the last victim any more than it may make it unpreemptable."""
     job = running.job
     gpus = max(job.request.gpus, 1)
+    restore_s = counted_restore_s(job.restore_s, settings)
     if job.checkpoint_on_notice and job.save_s <= grace_s:
-        return gpus * (job.save_s + job.restore_s)
-    return gpus * (max(0.0, now - running.checkpoint_time(now)) + job.restore_s)
+        return gpus * (job.save_s + restore_s)
+    return gpus * (max(0.0, now - running.checkpoint_time(now)) + restore_s)
 
 
 def queue_budget_left(
@@ -306,7 +316,7 @@ class VictimSearch:
         if price is None:
             vjob = rj.job
             grace = victim_grace_s(vjob, self.policy, self.settings)
-            lost = lost_gpu_seconds(rj, self.now, grace)
+            lost = lost_gpu_seconds(rj, self.now, grace, self.settings)
             order: tuple[float | str, ...]
             if self.policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST:
                 order = (vjob.tier.rank, -rj.started_at, vjob.id)

@@ -197,3 +197,18 @@ def test_loans_become_ordinary_work_when_their_job_starts():
     assert st.running_by_queue["a"]["L"].loan_for is None
     st.finish("L")  # and the loan's exit leaves no stale count behind
     assert st.loans == {} and tuple(st.used) == (0, 0.0, 0.0)
+
+
+def test_a_huge_restore_claim_does_not_make_a_job_the_last_victim():
+    # Two borrowed jobs of b; a's new job needs one GPU back. The claimant saves in a second but
+    # claims a week of restore; the honest one has two hours of unsaved work. Counted as
+    # negotiated (max_claimed_restore: 30 min by default) the claimant costs less: it goes.
+    cfg = config(gpus=4, queues={"a": (1.0, 4, NO_LIMIT), "b": (1.0, 0, NO_LIMIT)})
+    claimant = running(job("b-claims", queue="b", save=1.0, restore=7 * 86400.0), started=0.0)
+    honest = running(expensive("b-honest", queue="b"), started=NOW - 7200.0)
+    others = [running(expensive(f"b-{k}", queue="b"), started=NOW - 7200.0) for k in range(2)]
+    snap = snapshot(
+        cfg, pending=[job("a-new", queue="a")], running_jobs=[claimant, honest, *others]
+    )
+    result = schedule(snap, NOW, OURS, cfg)
+    assert preempted(result) == ["b-claims"]
