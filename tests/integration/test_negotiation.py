@@ -14,13 +14,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 import torch
 
-from .queue_server import Server, ready, submit, wait_for
+from .queue_server import Server, events, ready, submit, wait_event, wait_for
 
 SCRIPT = Path(__file__).parent / "scripts" / "queue_train.py"
 TOKENS = {"T_ADMIN": "admin-secret", "T_RESEARCH": "research-secret", "T_INTERNS": "intern-secret"}
@@ -94,20 +92,6 @@ def steps_by_attempt(out: Path) -> dict[str, list[int]]:
             attempt, step = line.split()
             runs.setdefault(attempt, []).append(int(step))
     return runs
-
-
-def events(client: httpx.Client, job_id: str) -> list[dict[str, Any]]:
-    return list(client.get("/v1/events", params={"job_id": job_id}).json())
-
-
-def wait_event(client: httpx.Client, job_id: str, kind: str, timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [e for e in events(client, job_id) if e["kind"] == kind]
-        if found:
-            return found[0]
-        time.sleep(0.1)
-    raise AssertionError(f"no {kind!r} event for {job_id}: {events(client, job_id)}")
 
 
 def test_a_borrower_is_told_saves_acks_hands_on_and_resumes_bitwise(serve, tmp_path):
