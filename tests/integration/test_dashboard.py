@@ -34,6 +34,7 @@ from preemptible.queue.service.history import SignalHistory
 from preemptible.queue.service.store import Store
 from preemptible.queue.service.views import CostView, EventView, JobState, JobView, QueueView
 from tests.browser import keep_screenshot, launched
+from tests.polling import wait_until
 
 from .queue_server import Server, ready, submit, wait_event, wait_for
 
@@ -116,10 +117,13 @@ def cancel_all(server: Server) -> None:
         for job in admin.get("/v1/jobs").json():
             if job["state"] in ("pending", "running", "preempting"):
                 admin.delete(f"/v1/jobs/{job['id']}")
-        deadline = time.monotonic() + 30
-        while admin.get("/v1/dashboard").json()["jobs"]:
-            assert time.monotonic() < deadline, "jobs still active 30 s after their cancel"
-            time.sleep(0.1)
+        wait_until(
+            lambda: not admin.get("/v1/dashboard").json()["jobs"],
+            "the cancelled jobs to end",
+            timeout=30,
+            every=0.1,
+            describe=lambda: admin.get("/v1/dashboard").json()["jobs"],
+        )
 
 
 @pytest.fixture(scope="module")
