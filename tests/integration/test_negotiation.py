@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.polling import wait_until
+
 from .queue_server import Server, events, ready, submit, wait_event, wait_for
 
 SCRIPT = Path(__file__).parent / "scripts" / "queue_train.py"
@@ -184,10 +186,12 @@ def test_a_job_killed_mid_save_restarts_from_its_last_committed_checkpoint(serve
     with server.client("admin-secret") as admin:
         cmd = train_command(tmp_path / "ckpt", out, *options, *slow)
         crashed = submit(admin, "research", cmd, gpus=1, cwd=str(tmp_path))
-        deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert time.monotonic() < deadline, "the slow save never started"
-            time.sleep(0.05)
+        wait_until(
+            marker.exists,
+            "the slow save to start",
+            timeout=60,
+            describe=lambda: admin.get(f"/v1/jobs/{crashed['id']}/logs").json()["text"],
+        )
         time.sleep(0.2)  # well inside the save
         os.kill(
             int(marker.read_text()), signal.SIGKILL
