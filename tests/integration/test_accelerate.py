@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import accelerate
 from preemptible import Checkpointer
 from tests.helpers import assert_same
 from tests.integration.test_signals_real import wait_gone
+from tests.polling import wait_until
 from tests.s3servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,13 +103,20 @@ def _run(cmd: list[str], tmp_path: Path) -> str:
 
 
 def _wait_for(proc: subprocess.Popen[str], ready: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not ready():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"never saw {what}; output:\n{proc.communicate()[0]}")
-        time.sleep(0.001)
+    """Until `ready()`; if the run ends or TIMEOUT passes first, kill it, fail with its output."""
+
+    def output() -> str:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return f"output:\n{proc.communicate()[0]}"
+
+    def seen() -> bool:
+        if ready():
+            return True
+        assert proc.poll() is None, f"the run exited {proc.returncode} before {what}; {output()}"
+        return False
+
+    wait_until(seen, what, timeout=TIMEOUT, every=0.001, describe=output)
 
 
 def _read(workdir: Path, name: str) -> str:
