@@ -12,7 +12,7 @@ from tests.polling import wait_until
 
 def test_it_returns_the_first_truthy_value_of_the_probe() -> None:
     calls = itertools.count()
-    values = [None, False, 0, [], "ready", "later"]
+    values: list[object] = [None, False, 0, [], "ready", "later"]
     assert wait_until(lambda: values[next(calls)], "the value", every=0.001) == "ready"
     assert next(calls) == 5  # never called again once it held
 
