@@ -26,6 +26,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from tests.polling import wait_until
+
 TOKEN = "sa-token-Zm9v"
 """The token the fake service account holds (a projected token ends without a newline)."""
 
@@ -50,13 +52,13 @@ class FakeApiServer:
         self.statuses: list[int] = []
         self.silent = threading.Event()  # set: hold each answer until `release` is set
         self.release = threading.Event()
-        self.arrived = threading.Condition()
+        self.lock = threading.Lock()
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_PATCH(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with outer.arrived:
+                with outer.lock:
                     outer.requests.append(
                         {
                             "method": self.command,
@@ -67,7 +69,6 @@ class FakeApiServer:
                         }
                     )
                     status = outer.statuses.pop(0) if outer.statuses else 200
-                    outer.arrived.notify_all()
                 if outer.silent.is_set():
                     outer.release.wait(timeout=10)
                 answer = {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "trainer-0"}}
@@ -92,9 +93,14 @@ class FakeApiServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
-    def wait_for(self, n: int, timeout: float = 10.0) -> bool:
-        with self.arrived:
-            return self.arrived.wait_for(lambda: len(self.requests) >= n, timeout=timeout)
+    def wait_for(self, n: int, timeout: float = 10.0) -> None:
+        """Until `n` requests have arrived (in all)."""
+        wait_until(
+            lambda: len(self.requests) >= n,
+            f"{n} request(s) to the API server",
+            timeout=timeout,
+            describe=lambda: f"{len(self.requests)} arrived",
+        )
 
     def stop(self) -> None:
         self.release.set()

@@ -13,10 +13,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.polling import wait_until
 
 KEY = "testing"
 SECRET = "testing"
@@ -68,9 +69,9 @@ def _bin(name: str) -> str:
 def _wait_ready(server: S3Server, timeout: float = 60.0) -> None:
     import s3fs
 
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
+    last: list[Exception] = []
+
+    def stores() -> bool:
         if server.process.poll() is not None:
             log = (server.workdir / "server.log").read_text(errors="replace")[-3000:]
             raise RuntimeError(f"{server.name} exited with {server.process.returncode}:\n{log}")
@@ -79,19 +80,25 @@ def _wait_ready(server: S3Server, timeout: float = 60.0) -> None:
         except urllib.error.HTTPError:
             pass  # any HTTP answer means the listener is up
         except OSError as e:
-            last = e
-            time.sleep(0.1)
-            continue
+            last[:] = [e]
+            return False
         try:  # SeaweedFS answers HTTP before its volume server can store anything
             fs = s3fs.S3FileSystem(**server.storage_options())  # type: ignore[arg-type]
             fs.mkdir("ready-probe")
             fs.pipe_file("ready-probe/x", b"x")
             fs.rm("ready-probe", recursive=True)
-            return
+            return True
         except Exception as e:
-            last = e
-            time.sleep(0.2)
-    raise RuntimeError(f"{server.name} at {server.endpoint} not ready after {timeout}s: {last!r}")
+            last[:] = [e]
+            return False
+
+    wait_until(
+        stores,
+        f"{server.name} at {server.endpoint} to store an object",
+        timeout=timeout,
+        every=0.1,
+        describe=lambda: f"last error: {last[0]!r}" if last else "no error",
+    )
 
 
 def start_moto() -> S3Server:

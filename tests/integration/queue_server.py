@@ -7,11 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.polling import wait_until
 
 CLI = [sys.executable, "-m", "preemptible"]
 
@@ -42,16 +43,16 @@ class Server:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            assert self.proc.poll() is None, self.log()
-            time.sleep(0.1)
-        raise AssertionError("the server did not answer within 30 s")
+        wait_until(self._answers, "the server to answer", timeout=30, every=0.1, describe=self.log)
+
+    def _answers(self) -> bool:
+        try:
+            if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        assert self.proc is not None and self.proc.poll() is None, self.log()
+        return False
 
     def log(self) -> str:
         return (self.tmp / "server.log").read_text()
@@ -76,24 +77,43 @@ def wait_for(
     client: httpx.Client, job_id: str, states: set[str], timeout: float = 30
 ) -> dict[str, Any]:
     """The job once it is in one of `states`."""
-    deadline = time.monotonic() + timeout
-    job: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["state"] in states:
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"{job_id} never reached {states}: {job}")
+
+    def job() -> dict[str, Any] | None:
+        found: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
+        return found if found["state"] in states else None
+
+    return wait_until(
+        job,
+        f"{job_id} to reach {states}",
+        timeout=timeout,
+        every=0.1,
+        describe=lambda: client.get(f"/v1/jobs/{job_id}").json(),
+    )
 
 
 def ready(client: httpx.Client, job_id: str, timeout: float = 30) -> None:
     """Wait until the job runs and has said so (it prints 'ready')."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if "ready" in client.get(f"/v1/jobs/{job_id}/logs").json()["text"]:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{job_id} never said it was ready")
+    wait_until(
+        lambda: "ready" in client.get(f"/v1/jobs/{job_id}/logs").json()["text"],
+        f"{job_id} to say it is ready",
+        timeout=timeout,
+        every=0.1,
+    )
+
+
+def events(client: httpx.Client, job_id: str) -> list[dict[str, Any]]:
+    return list(client.get("/v1/events", params={"job_id": job_id}).json())
+
+
+def wait_event(client: httpx.Client, job_id: str, kind: str, timeout: float = 30) -> dict[str, Any]:
+    """The job's first event of `kind`, once there is one."""
+    return wait_until(
+        lambda: next((e for e in events(client, job_id) if e["kind"] == kind), None),
+        f"a {kind!r} event of {job_id}",
+        timeout=timeout,
+        every=0.1,
+        describe=lambda: events(client, job_id),
+    )
 
 
 def submit(client: httpx.Client, queue: str, command: list[str], **fields: Any) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import accelerate
 from preemptible import Checkpointer
 from tests.helpers import assert_same
 from tests.integration.test_signals_real import wait_gone
+from tests.polling import wait_until
 from tests.s3servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,13 +103,20 @@ def _run(cmd: list[str], tmp_path: Path) -> str:
 
 
 def _wait_for(proc: subprocess.Popen[str], ready: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not ready():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"never saw {what}; output:\n{proc.communicate()[0]}")
-        time.sleep(0.001)
+    """Until `ready()`; if the run ends or TIMEOUT passes first, kill it, fail with its output."""
+
+    def output() -> str:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return f"output:\n{proc.communicate()[0]}"
+
+    def seen() -> bool:
+        if ready():
+            return True
+        assert proc.poll() is None, f"the run exited {proc.returncode} before {what}; {output()}"
+        return False
+
+    wait_until(seen, what, timeout=TIMEOUT, every=0.001, describe=output)
 
 
 def _read(workdir: Path, name: str) -> str:
@@ -170,7 +177,7 @@ def test_one_process_sigterm_mid_epoch_saves_exits_143_and_resumes_bitwise(tmp_p
         os.kill(proc.pid, signal.SIGTERM)
     code, out = _finish(proc)
     assert code == (143 if LAUNCHER_EXITS_143 else -signal.SIGTERM), out  # the trainer saved:
-    assert not wait_gone([trainer], TIMEOUT)
+    wait_gone([trainer], TIMEOUT)
     assert _read(workdir, "exit-rank0") == "143", out
     stopped = _progress(workdir)
     assert PER_EPOCH < stopped < 2 * PER_EPOCH, "stopped mid-epoch"
@@ -197,7 +204,7 @@ def test_two_processes_agree_on_the_step_save_together_and_resume_bitwise(tmp_pa
     os.kill(proc.pid, signal.SIGTERM)  # to the launcher alone: its torchrun agent forwards it
     code, out = _finish(proc)
     assert code == (143 if LAUNCHER_EXITS_143 else 1), out  # torchrun's SignalException
-    assert not wait_gone(trainers, TIMEOUT)
+    wait_gone(trainers, TIMEOUT)
     assert [_read(workdir, f"exit-rank{r}") for r in (0, 1)] == ["143", "143"], out
     assert [_read(workdir, f"group-rank{r}") for r in (0, 1)] == ["ended", "ended"], out
     stopped = _progress(workdir, 0)

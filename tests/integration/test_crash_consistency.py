@@ -24,6 +24,7 @@ from preemptible.checkpoint import IgnoredDir
 from tests.conftest import Root, s3_root
 from tests.helpers import assert_same, make_state
 from tests.integration.crash_child import save_forever
+from tests.polling import wait_until
 
 ITERATIONS = int(os.environ.get("PREEMPTIBLE_CRASH_ITERATIONS", "30"))
 
@@ -113,11 +114,14 @@ def test_sigkill_at_random_moments_never_loses_or_tears_a_checkpoint(
 
 def _wait_for_a_commit(log_path, logged: int, child, timeout: float = 60.0) -> None:
     """Until the child logs a save beyond the first ``logged`` lines."""
-    deadline = time.monotonic() + timeout
-    while len(log_path.read_text().split()) <= logged:
+
+    def committed() -> bool:
+        if len(log_path.read_text().split()) > logged:
+            return True
         assert child.is_alive(), "the child died before its first save"
-        assert time.monotonic() < deadline, f"no save in {timeout:.0f} s"
-        time.sleep(0.002)
+        return False
+
+    wait_until(committed, f"a save logged after the first {logged}", timeout=timeout, every=0.002)
 
 
 def _interrupted_saves_after(

@@ -34,8 +34,9 @@ from preemptible.queue.service.history import SignalHistory
 from preemptible.queue.service.store import Store
 from preemptible.queue.service.views import CostView, EventView, JobState, JobView, QueueView
 from tests.browser import keep_screenshot, launched
+from tests.polling import wait_until
 
-from .queue_server import Server, ready, submit, wait_for
+from .queue_server import Server, ready, submit, wait_event, wait_for
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'")
 expect = playwright_api.expect
@@ -116,10 +117,13 @@ def cancel_all(server: Server) -> None:
         for job in admin.get("/v1/jobs").json():
             if job["state"] in ("pending", "running", "preempting"):
                 admin.delete(f"/v1/jobs/{job['id']}")
-        deadline = time.monotonic() + 30
-        while admin.get("/v1/dashboard").json()["jobs"]:
-            assert time.monotonic() < deadline, "jobs still active 30 s after their cancel"
-            time.sleep(0.1)
+        wait_until(
+            lambda: not admin.get("/v1/dashboard").json()["jobs"],
+            "the cancelled jobs to end",
+            timeout=30,
+            every=0.1,
+            describe=lambda: admin.get("/v1/dashboard").json()["jobs"],
+        )
 
 
 @pytest.fixture(scope="module")
@@ -164,16 +168,6 @@ class Page:
 
 def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
-
-
-def wait_event(client: httpx.Client, job_id: str, kind: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = client.get("/v1/events", params={"job_id": job_id}).json()
-        if any(e["kind"] == kind for e in events):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"no {kind!r} event for {job_id}")
 
 
 def test_a_borrower_is_seen_running_preempting_pending_and_back_with_its_grace(

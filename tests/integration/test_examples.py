@@ -14,18 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.integration.test_torchrun import Output
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
-
-
-def _wait_for(proc: subprocess.Popen[str], prefix: str) -> None:
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:  # ends when the process does
-        seen.append(line)
-        if line.startswith(prefix):
-            return
-    raise AssertionError(f"no line starting {prefix!r}; the process said:\n{''.join(seen)}")
 
 
 def _env() -> dict[str, str]:
@@ -42,11 +34,13 @@ def test_the_lightning_example_saves_on_sigterm_and_the_same_command_resumes(tmp
         text=True,
         env=_env(),
         cwd=REPO,
+        start_new_session=True,  # its own group, killed by Output if it fails
     )
-    _wait_for(first, "epoch 0 batch 8 ")
+    output = Output(first)
+    output.until(r"^epoch 0 batch 8 ")
     first.send_signal(signal.SIGTERM)
-    out, _ = first.communicate(timeout=60)
-    assert first.returncode == 143, out
+    code, out = output.finish(timeout=60)
+    assert code == 143, out
     assert (tmp_path / "run" / "preempted.ckpt").is_dir()
 
     second = subprocess.run(

@@ -11,13 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from preemptible import Checkpointer
+from tests.polling import wait_until
 
 pytest.importorskip("lightning")
 
@@ -81,12 +81,19 @@ def _interrupt_at(
         text=True,
         env=env or _env(),
     )
+
+    def output() -> str:
+        proc.kill()  # nothing if it has exited
+        return proc.communicate()[0]
+
+    def done() -> bool:
+        if _progress(workdir) >= batches:
+            return True
+        assert proc.poll() is None, output()
+        return False
+
     try:
-        deadline = time.monotonic() + 60
-        while _progress(workdir) < batches:
-            assert proc.poll() is None, proc.communicate()[0]
-            assert time.monotonic() < deadline, "the run made no progress"
-            time.sleep(0.01)
+        wait_until(done, f"{batches} batches", timeout=60, every=0.01, describe=output)
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
     finally:

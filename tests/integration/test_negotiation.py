@@ -14,13 +14,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 import torch
 
-from .queue_server import Server, ready, submit, wait_for
+from tests.polling import wait_until
+
+from .queue_server import Server, events, ready, submit, wait_event, wait_for
 
 SCRIPT = Path(__file__).parent / "scripts" / "queue_train.py"
 TOKENS = {"T_ADMIN": "admin-secret", "T_RESEARCH": "research-secret", "T_INTERNS": "intern-secret"}
@@ -94,20 +94,6 @@ def steps_by_attempt(out: Path) -> dict[str, list[int]]:
             attempt, step = line.split()
             runs.setdefault(attempt, []).append(int(step))
     return runs
-
-
-def events(client: httpx.Client, job_id: str) -> list[dict[str, Any]]:
-    return list(client.get("/v1/events", params={"job_id": job_id}).json())
-
-
-def wait_event(client: httpx.Client, job_id: str, kind: str, timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [e for e in events(client, job_id) if e["kind"] == kind]
-        if found:
-            return found[0]
-        time.sleep(0.1)
-    raise AssertionError(f"no {kind!r} event for {job_id}: {events(client, job_id)}")
 
 
 def test_a_borrower_is_told_saves_acks_hands_on_and_resumes_bitwise(serve, tmp_path):
@@ -200,10 +186,12 @@ def test_a_job_killed_mid_save_restarts_from_its_last_committed_checkpoint(serve
     with server.client("admin-secret") as admin:
         cmd = train_command(tmp_path / "ckpt", out, *options, *slow)
         crashed = submit(admin, "research", cmd, gpus=1, cwd=str(tmp_path))
-        deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert time.monotonic() < deadline, "the slow save never started"
-            time.sleep(0.05)
+        wait_until(
+            marker.exists,
+            "the slow save to start",
+            timeout=60,
+            describe=lambda: admin.get(f"/v1/jobs/{crashed['id']}/logs").json()["text"],
+        )
         time.sleep(0.2)  # well inside the save
         os.kill(
             int(marker.read_text()), signal.SIGKILL

@@ -40,6 +40,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.polling import wait_until
+
 from .queue_server import CLI, free_port
 
 KILLS = int(os.environ.get("PREEMPTIBLE_SOAK_KILLS", "40"))
@@ -193,18 +195,27 @@ class Soak:
 
     def _answers(self) -> bool:
         """Wait until the server answers (True) or exits with status 2 (False)."""
-        assert self.proc is not None
-        deadline = time.monotonic() + 30
+        proc = self.proc
+        assert proc is not None
+
+        def up(client: httpx.Client) -> str | None:
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get("/healthz").status_code == 200:
+                    return "answers"
+            if proc.poll() is not None:
+                assert proc.returncode == 2, self._log_tail()
+                return "exited 2"
+            return None
+
         with httpx.Client(base_url=self.url, timeout=1) as client:
-            while time.monotonic() < deadline:
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get("/healthz").status_code == 200:
-                        return True
-                if self.proc.poll() is not None:
-                    assert self.proc.returncode == 2, self._log_tail()
-                    return False
-                time.sleep(0.02)
-        raise AssertionError(f"the server did not answer within 30 s: {self._log_tail()}")
+            how = wait_until(
+                lambda: up(client),
+                "the server to answer",
+                timeout=30,
+                every=0.02,
+                describe=self._log_tail,
+            )
+        return how == "answers"
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -346,14 +357,17 @@ class Soak:
         a = self.attempts(job["id"])[0].get(job["attempts"])
         if a is None or _alive(a.pid, a.ticks, a.pgid) or _group_alive(a.pgid):
             return  # still starting, or still running
-        deadline = time.monotonic() + SETTLE_S
-        while time.monotonic() < deadline:
+
+        def moved_on() -> bool:
             now = admin.get(f"/v1/jobs/{job['id']}").json()
-            if now["state"] != job["state"] or now["attempts"] != job["attempts"]:
-                return
-            time.sleep(0.1)
-        raise AssertionError(
-            f"{job['id']} is still {job['state']} {SETTLE_S} s after its process was gone: {now}"
+            return now["state"] != job["state"] or now["attempts"] != job["attempts"]
+
+        wait_until(
+            moved_on,
+            f"{job['id']} to leave {job['state']} once its process was gone",
+            timeout=SETTLE_S,
+            every=0.1,
+            describe=lambda: admin.get(f"/v1/jobs/{job['id']}").json(),
         )
 
     def check_at_the_end(self) -> dict[str, int]:
@@ -518,12 +532,19 @@ def _run(soak: Soak, seed: int) -> None:
     soak.stop_client.set()
     client.join(timeout=30)
     with soak.admin() as admin:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            states = {j["state"] for j in admin.get("/v1/jobs").json()}
-            if states <= {"completed", "failed", "cancelled"}:
-                break
-            time.sleep(0.2)
+
+        def unfinished() -> dict[str, str]:
+            jobs = admin.get("/v1/jobs").json()
+            ended = ("completed", "failed", "cancelled")
+            return {j["id"]: j["state"] for j in jobs if j["state"] not in ended}
+
+        wait_until(
+            lambda: not unfinished(),
+            "every job to end",
+            timeout=120,
+            every=0.2,
+            describe=lambda: f"not ended: {unfinished()}",
+        )
     kinds = soak.check_at_the_end()
     print(
         f"  drained after {time.monotonic() - started:.0f} s: {len(soak.acked)} jobs, "

@@ -28,6 +28,7 @@ from preemptible.checkpoint.stats import CheckpointCost, Summary
 from preemptible.runtime.cost_file import read_cost_file, write_cost_file
 from preemptible.runtime.reporters.kubernetes import cost_annotations
 from tests.k8s_api import TOKEN, FakeCluster, assert_pod_patch, fake_cluster
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 AT = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -48,31 +49,32 @@ class SidecarProcess:
             cwd=REPO,
             process_group=0,
         )
-        self.lines: list[str] = []
+        self.lines: list[str] = []  # appended by the reader thread
         self.stdout = ""
-        self._new = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
-            with self._new:
-                self.lines.append(line.rstrip("\n"))
-                self._new.notify_all()
+            self.lines.append(line.rstrip("\n"))
 
     def wait_line(self, pattern: str, timeout: float = TIMEOUT) -> re.Match[str]:
         """The first line that matches `pattern` (a regex), waiting for it."""
-        found: list[re.Match[str]] = []
+        regex = re.compile(pattern)
 
-        def seen() -> bool:
-            found[:] = [m for m in map(re.compile(pattern).search, self.lines) if m][:1]
-            return bool(found) or self.proc.poll() is not None
+        def seen() -> re.Match[str] | None:
+            exited = self.proc.poll() is not None
+            if exited:
+                self._reader.join(timeout=5)  # every line it wrote is in
+            found = next((m for m in map(regex.search, list(self.lines)) if m), None)
+            assert found or not exited, f"exit {self.proc.returncode} before {pattern!r}; {said()}"
+            return found
 
-        with self._new:
-            self._new.wait_for(seen, timeout=timeout)
-        assert found, f"no line matching {pattern!r}; the sidecar said:\n" + "\n".join(self.lines)
-        return found[0]
+        def said() -> str:
+            return "the sidecar said:\n" + "\n".join(self.lines)
+
+        return wait_until(seen, f"a line matching {pattern!r}", timeout=timeout, describe=said)
 
     def terminate(self, timeout: float) -> int:
         self.proc.send_signal(signal.SIGTERM)
@@ -127,13 +129,17 @@ def metrics(port: int) -> dict[str, float]:
 
 def wait_gauge(port: int, name: str, value: float, timeout: float = TIMEOUT) -> dict[str, float]:
     """``/metrics`` once gauge `name` holds `value` (the reporters' thread sets it)."""
-    deadline = time.monotonic() + timeout
-    seen = metrics(port)
-    while seen.get(name) != value and time.monotonic() < deadline:
-        time.sleep(0.05)
+
+    def holds() -> dict[str, float] | None:
         seen = metrics(port)
-    assert seen.get(name) == value, f"{name} is {seen.get(name)}, not {value}: {seen}"
-    return seen
+        return seen if seen.get(name) == value else None
+
+    return wait_until(
+        holds,
+        f"{name} to be {value}",
+        timeout=timeout,
+        describe=lambda: f"/metrics: {metrics(port)}",
+    )
 
 
 @pytest.fixture
@@ -170,14 +176,14 @@ def test_the_sidecar_patches_its_pod_serves_metrics_and_exits_0_on_sigterm(
         assert f"the annotations of pod team-a/train-abc12 ({api})" in start
         # 1. the trainer's first save
         write_cost_file(cost_file, cost(step=100, p95=2.5, nbytes=4096))
-        assert cluster.server.wait_for(1, timeout=TIMEOUT)
+        cluster.server.wait_for(1, timeout=TIMEOUT)
         gauges = wait_gauge(port, "preemptible_checkpoint_bytes", 4096)
         assert gauges["preemptible_save_seconds"] == 2.5
         assert gauges["preemptible_restore_seconds"] == 0.75
         assert gauges["preemptible_last_checkpoint_timestamp_seconds"] == AT + 100
         # 2. a later save, large enough a change to pass the 30 s rate limit at once
         write_cost_file(cost_file, cost(step=200, p95=6.0, nbytes=4096))
-        assert cluster.server.wait_for(2, timeout=TIMEOUT)
+        cluster.server.wait_for(2, timeout=TIMEOUT)
         wait_gauge(port, "preemptible_save_seconds", 6.0)
         # 3. the kubelet's SIGTERM
         started = time.monotonic()
@@ -261,7 +267,7 @@ def test_a_trainer_without_credentials_writes_the_file_the_sidecar_reports(
             port, "preemptible_last_checkpoint_timestamp_seconds", written.last_checkpoint_time
         )
         assert gauges["preemptible_save_seconds"] == written.save.p95
-        assert cluster.server.wait_for(1, timeout=TIMEOUT)
+        cluster.server.wait_for(1, timeout=TIMEOUT)
         code = sidecar.terminate(timeout=TIMEOUT)
     finally:
         sidecar.kill()

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.polling import wait_until
+
 SCRIPTS = Path(__file__).parent / "scripts"
 TIMEOUT = 60
 
@@ -46,11 +48,14 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def wait_gone(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
+def wait_gone(pids: list[int], timeout: float) -> None:
+    """Until none of `pids` is alive; fails naming those that still are."""
+    wait_until(
+        lambda: not any(alive(p) for p in pids),
+        f"processes {pids} to exit",
+        timeout=timeout,
+        describe=lambda: f"still alive: {[p for p in pids if alive(p)]}",
+    )
 
 
 # --- a guarded loop without torch --------------------------------------------------------------
@@ -109,7 +114,7 @@ def test_protected_dataloader_workers_survive_a_group_sigterm_until_the_final_sa
     proc, err, workers = run_dataloader_loop(tmp_path, "protect", context)
     assert proc.returncode == 143, err
     assert json.loads((tmp_path / "saved.json").read_text())["step"] >= 3
-    assert wait_gone(workers, 15) == []  # and they do not outlive the trainer
+    wait_gone(workers, 15)  # and they do not outlive the trainer
 
 
 def test_unprotected_dataloader_workers_die_of_the_group_sigterm_and_the_save_is_lost(tmp_path):
@@ -126,4 +131,4 @@ def test_protected_workers_still_exit_when_the_trainer_is_killed(tmp_path):
     workers = [int((tmp_path / f"worker-{i}").read_text()) for i in range(2)]
     proc.kill()  # SIGKILL to the trainer alone: no shutdown of the loader
     proc.communicate(timeout=TIMEOUT)
-    assert wait_gone(workers, 15) == []  # the DataLoader's parent watchdog ends them
+    wait_gone(workers, 15)  # the DataLoader's parent watchdog ends them

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from preemptible.runtime.deadline import parse_scontrol_record
+from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "integrations" / "slurm" / "local"
@@ -61,16 +62,15 @@ def job(job_id: str) -> dict[str, str]:
     return parse_scontrol_record(sh("scontrol", "show", "job", "-o", job_id))
 
 
-def wait_until(what: str, check, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.25)
-
-
 def finished(job_id: str) -> bool:
     return job(job_id)["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
+def wait_finished(job_id: str, what: str, timeout: float) -> None:
+    """Until SLURM says the job has ended; its record if it has not."""
+    wait_until(
+        lambda: finished(job_id), what, timeout=timeout, every=0.25, describe=lambda: job(job_id)
+    )
 
 
 def submit_training(
@@ -167,14 +167,14 @@ def test_a_preempted_job_checkpoints_in_its_grace_is_requeued_and_ends_bitwise_e
         cluster, tmp_path, "preempted", total=160, every=25, step_s=0.05,
         sbatch_args=["--partition=low", "--cpus-per-task=2", "--gres=gpu:4"],
     )  # fmt: skip
-    wait_until("the low job's first steps", lambda: (run / "weights.pt.steps").exists(), 60)
+    wait_until(lambda: (run / "weights.pt.steps").exists(), "the low job's first steps", timeout=60)
     time.sleep(1.0)
     high = sh(
         "sbatch", "--parsable", "--partition=high", "--cpus-per-task=2", "--gres=gpu:4",
         f"--output={cluster}/high.out", "--wrap", "sleep 2",
     ).strip()  # fmt: skip
-    wait_until("the high job", lambda: finished(high), 120)
-    wait_until("the low job", lambda: finished(low), 180)
+    wait_finished(high, "the high job", 120)
+    wait_finished(low, "the low job", 180)
 
     record, log = job(low), (run / "job.out").read_text()
     assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", log
@@ -208,7 +208,7 @@ def test_a_job_near_its_time_limit_checkpoints_and_requeues_itself(
         sbatch_args=["--partition=low", "--time=1", "--cpus-per-task=1"],
         env={"SBATCH_SIGNAL": "B:USR1@59"},
     )  # fmt: skip
-    wait_until("the time-limited job", lambda: finished(job_id), 400)
+    wait_finished(job_id, "the time-limited job", 400)
 
     record, log = job(job_id), (run / "job.out").read_text()
     restarts = int(record["Restarts"])
@@ -230,7 +230,7 @@ def test_a_job_reads_its_grace_from_the_partition_and_its_signal(cluster: Path) 
         "sbatch", "--parsable", "--partition=low", f"--output={out}",
         "--wrap", f"{shutil.which('env')} {sys.executable} -c \"{probe}\"",
     ).strip()  # fmt: skip
-    wait_until("the probe job", lambda: finished(job_id), 60)
+    wait_finished(job_id, "the probe job", 60)
     text = out.read_text()
     assert text.splitlines()[0] == f"{GRACE_TIME_S:.1f} slurm", text
     assert "GraceTime=45 on partition low" in text  # 1.5 x 30 s, in SLURM's words
@@ -243,9 +243,9 @@ def test_a_sigterm_to_the_steps_only_is_heard_and_the_job_requeued(cluster: Path
         cluster, tmp_path, "steps-only", total=120, every=40, step_s=0.05,
         sbatch_args=["--partition=low", "--cpus-per-task=1"],
     )  # fmt: skip
-    wait_until("the job's first steps", lambda: (run / "weights.pt.steps").exists(), 60)
+    wait_until(lambda: (run / "weights.pt.steps").exists(), "the job's first steps", timeout=60)
     sh("scancel", "--signal=TERM", job_id)
-    wait_until("the job", lambda: finished(job_id), 180)
+    wait_finished(job_id, "the job", 180)
 
     record, log = job(job_id), (run / "job.out").read_text()
     assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", log
@@ -271,9 +271,11 @@ def test_the_sbatch_example_runs_as_its_comment_says(cluster: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip().split(";")[0]
-    wait_until("the example's step 20", lambda: out.exists() and "step 20 " in out.read_text(), 90)
+    wait_until(
+        lambda: out.exists() and "step 20 " in out.read_text(), "the example's step 20", timeout=90
+    )
     sh("scancel", "--signal=TERM", job_id)  # what a preemption sends its steps
-    wait_until("the example", lambda: finished(job_id), 180)
+    wait_finished(job_id, "the example", 180)
 
     record, log = job(job_id), out.read_text()
     assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", log

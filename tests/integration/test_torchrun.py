@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from preemptible import Checkpointer, ResumableSampler
 from tests.helpers import assert_same
+from tests.polling import wait_until
 from tests.s3servers import free_port
 
 SCRIPT = Path(__file__).parents[2] / "examples" / "torchrun_elastic.py"
@@ -65,47 +65,48 @@ def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str]
 
 class Output:
     """A process's output, read by a thread, so that waiting for a line can time out (a blocking
-    read hangs the whole run when the line never comes)."""
+    read hangs the whole run when the line never comes). The process leads its own group."""
 
     def __init__(self, proc: subprocess.Popen[str]):
         self.proc = proc
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self.lines: list[str] = []  # appended by the reader thread
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self._queue.put(line)
-        self._queue.put(None)
-
-    def _read(self, deadline: float, pattern: str | None) -> bool:
-        """Collect lines until one matches `pattern` (True) or the output ends (False)."""
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._queue.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                return False
             self.lines.append(line)
-            if pattern is not None and re.search(pattern, line):
-                return True
-        kill_group(self.proc)
-        raise AssertionError(f"timed out waiting for {pattern or 'the end'}:\n{self.text}")
 
     @property
     def text(self) -> str:
         return "".join(self.lines)
 
+    def _killed(self) -> str:
+        kill_group(self.proc)
+        return self.text
+
     def until(self, pattern: str, timeout: float = 120) -> None:
         """Wait for a line matching `pattern`; fail (and kill the process) if none comes."""
-        if not self._read(time.monotonic() + timeout, pattern):
-            raise AssertionError(f"the output ended without {pattern!r}:\n{self.text}")
+        regex = re.compile(pattern)
+
+        def seen() -> bool:
+            ended = not self._reader.is_alive()
+            if any(regex.search(line) for line in list(self.lines)):
+                return True
+            assert not ended, f"the output ended without {pattern!r}:\n{self.text}"
+            return False
+
+        wait_until(seen, f"a line matching {pattern!r}", timeout=timeout, describe=self._killed)
 
     def finish(self, timeout: float = 60) -> tuple[int, str]:
         """Wait for the end of the output and the exit code."""
-        self._read(time.monotonic() + timeout, None)
+        wait_until(
+            lambda: not self._reader.is_alive(),
+            "the end of the output",
+            timeout=timeout,
+            describe=self._killed,
+        )
         return self.proc.wait(timeout=10), self.text
 
 

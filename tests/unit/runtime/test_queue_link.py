@@ -21,6 +21,7 @@ import torch
 from preemptible import Checkpointer, Context
 from preemptible.checkpoint.stats import CostTracker
 from preemptible.runtime.queue_link import QueueLink, QueueNotice, Terms
+from tests.polling import wait_until
 
 TOKEN = "job-secret-token"
 TERMS = {"grace_s": 40.0, "min_runtime_s": 300.0, "checkpoint_interval_hint_s": 900.0}
@@ -87,16 +88,6 @@ def cost(save_s: float = 2.0, step: int = 10):
     return tracker.snapshot()
 
 
-def until(check: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError("not reached")
-
-
 def link_to(url: str, **options: Any) -> QueueLink:
     options.setdefault("min_interval_s", 0.0)
     return QueueLink(url, "j7", TOKEN, **options)
@@ -123,7 +114,7 @@ def test_a_report_is_answered_with_terms_and_carries_the_measured_cost(manager) 
     link = link_to(url)
     link.start(on_notice=lambda n: None, on_terms=got.append)
     link.report(cost(save_s=2.5, step=12))
-    until(lambda: got)
+    wait_until(lambda: got, "the terms", timeout=10)
     assert got[0] == Terms(grace_s=40.0, min_runtime_s=300.0, interval_hint_s=900.0)
     assert link.terms == got[0]
     method, path, body, auth = next(r for r in state.requests if r[1].endswith("/cost"))
@@ -138,7 +129,7 @@ def test_reports_are_rate_limited_and_the_newest_one_is_sent(manager) -> None:
     link.start(on_notice=lambda n: None)
     for step in range(1, 6):
         link.report(cost(step=step))
-    until(lambda: link.terms)
+    wait_until(lambda: link.terms, "the terms", timeout=10)
     time.sleep(0.8)
     steps = [r[2]["last_checkpoint_step"] for r in state.requests if r[1].endswith("/cost")]
     assert steps[-1] == 5 and len(steps) <= 2  # the first report, perhaps, then the newest
@@ -154,7 +145,7 @@ def test_a_notice_reaches_the_job_with_its_deadline(manager) -> None:
     assert notices == []
     state.notice = {"reason": "reclaimed for j9", "grace_s": 30.0, "deadline": 1234.5}
     state.notice_set.set()
-    until(lambda: notices)
+    wait_until(lambda: notices, "the notice", timeout=10)
     assert notices == [QueueNotice(reason="reclaimed for j9", grace_s=30.0, deadline=1234.5)]
     path = next(r[1] for r in state.requests if "/notice" in r[1])
     assert path.startswith("/v1/jobs/j7/notice?wait=")
@@ -185,19 +176,27 @@ def test_garbage_keeps_the_last_terms_and_is_logged_once(manager, caplog, answer
     link = link_to(url)
     link.start(on_notice=lambda n: None)
     link.report(cost())
-    good = until(lambda: link.terms)
+    good = wait_until(lambda: link.terms, "the terms", timeout=10)
     state.answer = answer
     with caplog.at_level(logging.INFO, "preemptible"):
         for _ in range(3):
             link.report(cost())
             time.sleep(0.05)
-        until(lambda: sum(r[1].endswith("/cost") for r in state.requests) >= 2)
+        wait_until(
+            lambda: sum(r[1].endswith("/cost") for r in state.requests) >= 2,
+            "a second report",
+            timeout=10,
+        )
         time.sleep(0.2)
         assert link.terms == good
         warnings = [r for r in caplog.records if "cost report failed" in r.getMessage()]
         assert len(warnings) == 1
         state.answer = lambda m, p, b: (200, json.dumps({**TERMS, "grace_s": 77.0}).encode())
-        until(lambda: link.terms and link.terms.grace_s == 77.0, timeout=15)  # after back-off
+        wait_until(
+            lambda: link.terms and link.terms.grace_s == 77.0,
+            "the new terms, after the back-off",
+            timeout=15,
+        )
     assert "works again" in caplog.text
     assert TOKEN not in caplog.text
     link.close()
@@ -227,7 +226,7 @@ def test_a_manager_that_is_down_is_survived(caplog) -> None:
         link.start(on_notice=notices.append)
         link.report(cost())
         assert link.ack(1) is False
-        until(lambda: "notice watch failed" in caplog.text)
+        wait_until(lambda: "notice watch failed" in caplog.text, "the warning", timeout=10)
     assert link.terms is None and notices == []
     link.close()
 
@@ -267,7 +266,8 @@ def test_a_managers_notice_stops_the_loop_saves_and_acks_the_step(manager, tmp_p
         if step == 2:
             state.notice = {"reason": "reclaimed", "grace_s": 60.0, "deadline": deadline}
             state.notice_set.set()
-            until(lambda: ctx.guard.requested)  # the watcher's poll returns with it
+            # The watcher's poll returns with it.
+            wait_until(lambda: ctx.guard.requested, "the guard's request", timeout=10)
             assert ctx.guard.deadline == deadline
             assert ctx.guard.reason == "queue manager: reclaimed"
 
@@ -284,7 +284,7 @@ def test_terms_become_the_guards_grace_and_the_auto_interval(manager, tmp_path) 
     state, url = manager
     ctx, seen = train_with(link_to(url), tmp_path, total=30, interval="auto", async_save=False)
     assert seen == list(range(30))
-    until(lambda: ctx.terms is not None)
+    wait_until(lambda: ctx.terms is not None, "the terms", timeout=10)
     assert ctx.guard.grace_seconds == 40.0 and ctx.guard.grace_source == "queue manager"
     assert ctx.schedule.hint_seconds == 900.0  # 15 min: no more saves after the first
     reports = [r[2] for r in state.requests if r[1].endswith("/cost")]

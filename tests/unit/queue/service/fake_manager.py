@@ -42,6 +42,7 @@ from preemptible.queue.service.views import (
     WhyView,
     finite_or_none,
 )
+from tests.polling import wait_until
 
 CONFIG_TEXT = """
 [cluster]
@@ -217,7 +218,6 @@ class FakeQueueManager:
         deadline = time.monotonic() + wait_s
         with self._changed:
             self.notice_waits.append((job_id, wait_s))
-            self._changed.notify_all()
             while True:
                 notice = self._get(job_id).notice
                 left = deadline - time.monotonic()
@@ -369,9 +369,12 @@ class FakeQueueManager:
 
     def wait_for_pollers(self, n: int, timeout_s: float = 10.0) -> None:
         """Block until `n` notice long-polls have begun (in all)."""
-        with self._changed:
-            if not self._changed.wait_for(lambda: len(self.notice_waits) >= n, timeout_s):
-                raise TimeoutError(f"{len(self.notice_waits)} of {n} pollers arrived")
+        wait_until(
+            lambda: len(self.notice_waits) >= n,
+            f"{n} notice long-polls",
+            timeout=timeout_s,
+            describe=lambda: f"{len(self.notice_waits)} of {n} pollers arrived",
+        )
 
     # --- helpers -------------------------------------------------------------------------------
 

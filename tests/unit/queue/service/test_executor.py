@@ -29,6 +29,7 @@ from preemptible.queue.service.executor import (
     ProcessExecutor,
     ProcessHandle,
 )
+from tests.polling import wait_until
 
 _T = TypeVar("_T")
 
@@ -38,12 +39,7 @@ WAIT_SECS = 10.0
 
 
 def wait_for(probe: Callable[[], _T | None], what: str) -> _T:
-    deadline = time.monotonic() + WAIT_SECS
-    while (value := probe()) is None or value is False:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-    return value
+    return wait_until(probe, what, timeout=WAIT_SECS, every=0.005)
 
 
 def wait_for_file(path: Path) -> None:

@@ -24,6 +24,7 @@ from preemptible.queue.service.server import build_manager
 from preemptible.queue.service.steady_clock import SteadyClock
 from preemptible.queue.service.store import FILE_NAME, Store
 from preemptible.queue.service.views import CostView, JobState, SubmitRequest
+from tests.polling import wait_until
 
 CONFIG = {
     "cluster": {"gpus": 2},
@@ -87,14 +88,16 @@ def submit(
 
 def until(m: QueueManager, check, *, timeout: float = 20.0):
     """Step the manager until `check()` is true (and return its value)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def stepped():
         m.step()
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not reached within {timeout} s")
+        return check()
+
+    def jobs() -> str:
+        return "jobs: " + ", ".join(f"{j.id} {j.state}" for j in m.list_jobs())
+
+    what = "the stepped manager to reach the test's condition"
+    return wait_until(stepped, what, timeout=timeout, describe=jobs)
 
 
 def running(m: QueueManager, job_id: str) -> None:
@@ -341,10 +344,8 @@ def test_a_restart_learns_the_exit_of_a_run_whose_launch_it_did_not_save(tmp_pat
     monkeypatch.setattr(m.book, "save", lambda record: None)  # the handle never reaches the file
     m.step()
     assert launched and m.store.load_jobs()[0][2]["handle"] is None
-    deadline = time.monotonic() + 20
-    while m.executor.alive(launched[0]):  # not stepped: the manager never sees the exit
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    executor = m.executor  # not stepped: the manager never sees the exit
+    wait_until(lambda: not executor.alive(launched[0]), "the job's exit", timeout=20)
     m.store.close()
     del m
     again = manager(state)
