@@ -6,10 +6,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
+
+from tests.polling import wait_until
 
 from .queue_server import CLI, Server, free_port, ready, wait_for
 from .queue_server import submit as submit_command
@@ -184,10 +185,7 @@ def test_with_a_relative_state_folder_a_finished_job_is_not_run_again(tmp_path):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
-        while not _answers(url):
-            assert time.monotonic() < deadline, "the server did not answer within 30 s"
-            time.sleep(0.1)
+        wait_until(lambda: _answers(url), "the server to answer", timeout=30)
         return proc
 
     admin = httpx.Client(base_url=url, headers={"Authorization": "Bearer admin-secret"})
@@ -204,11 +202,9 @@ def test_with_a_relative_state_folder_a_finished_job_is_not_run_again(tmp_path):
         proc.kill()  # SIGKILL: the job goes on, and ends while no server watches
         proc.wait(15)
         (work / "go").touch()
-        deadline = time.monotonic() + 30
-        while not (work / "ran").exists():
-            assert time.monotonic() < deadline, "the job never ran to its end"
-            time.sleep(0.05)
-        time.sleep(0.5)  # its runner records the exit
+        wait_until(lambda: (work / "ran").exists(), "the job to run to its end", timeout=30)
+        status = tmp_path / "state" / "jobs" / job["id"] / "attempt-1.status"
+        wait_until(status.exists, "its runner to record the exit where the manager looks")
         proc = serve()
         again = wait_for(admin, job["id"], {"completed", "failed", "pending", "running"})
         assert (again["state"], again["attempts"]) == ("completed", 1), again
