@@ -15,6 +15,9 @@ passes `printable` on its way:
 - `console` makes a rich console that shows every string it prints escaped and reads no markup
   or emoji in it, and `table` a rich table whose string cells and title are shown the same way.
   A `rich.text.Text` passes as it is: build one from fixed words, or with `text`.
+
+A house rule (`tests/unit/test_house_rules.py`) checks that no other CLI module prints by
+itself.
 """
 
 from __future__ import annotations
