@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from preemptible.cli._common import echo
 from preemptible.cli.ckpt import app as ckpt_app
 from preemptible.cli.launch import LAUNCH_CONTEXT, launch_command
 from preemptible.cli.queue import app as queue_app
@@ -29,7 +30,7 @@ def version() -> None:
     """Print the installed version."""
     from preemptible import __version__
 
-    typer.echo(__version__)
+    echo(__version__)
 
 
 def main() -> None:

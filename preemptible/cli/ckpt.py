@@ -7,7 +7,6 @@ import json
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -15,9 +14,9 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
+from rich.text import Text
 
-from preemptible.cli._common import fail, human_bytes
+from preemptible.cli._common import console, echo_json, fail, human_bytes, table, text
 from preemptible.errors import ConfigError, PreemptibleError
 
 if TYPE_CHECKING:
@@ -27,8 +26,8 @@ app = typer.Typer(
     help="List, verify and inspect checkpoints under a root (a local path or any fsspec URL).",
     no_args_is_help=True,
 )
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 RootArg = Annotated[str, typer.Argument(help="Checkpoint root: a local path or fsspec URL.")]
 StepOpt = Annotated[int | None, typer.Option("--step", help="One step (default: see command).")]
@@ -86,15 +85,15 @@ def list_(
         payload: dict[str, Any] = {"root": root, "checkpoints": [_info_json(i) for i in committed]}
         if all_:
             payload["ignored"] = [{"name": i.name, "reason": i.reason} for i in ignored]
-        typer.echo(json.dumps(payload, indent=1))
+        echo_json(payload, indent=1)
         return
-    table = Table(title=f"checkpoints under {root}", title_justify="left")
+    found = table(title=f"checkpoints under {root}", title_justify="left")
     for col in ("step", "created", "size", "files", "save s", "world", "writer"):
-        table.add_column(
+        found.add_column(
             col, justify="right" if col in ("step", "size", "files", "save s", "world") else "left"
         )
     for i in committed:
-        table.add_row(
+        found.add_row(
             str(i.step),
             _when(i.created_at),
             human_bytes(i.bytes),
@@ -103,9 +102,9 @@ def list_(
             str(i.world_size),
             i.writer,
         )
-    out.print(table if committed else f"no committed checkpoint under {root}")
+    out.print(found if committed else f"no committed checkpoint under {root}")
     if ignored and all_:
-        extra = Table(title="ignored (garbage-collected once stale)", title_justify="left")
+        extra = table(title="ignored (garbage-collected once stale)", title_justify="left")
         extra.add_column("name")
         extra.add_column("reason")
         for entry in ignored:
@@ -113,7 +112,7 @@ def list_(
         out.print(extra)
     elif ignored:
         out.print(
-            f"[dim]{len(ignored)} incomplete or invalid entries ignored (--all shows them)[/]"
+            Text(f"{len(ignored)} incomplete or invalid entries ignored (--all shows them)", "dim")
         )
 
 
@@ -179,21 +178,27 @@ def verify(
             }
             for r in reports
         ]
-        typer.echo(json.dumps({"root": root, "ok": not bad, "checkpoints": payload}, indent=1))
+        echo_json({"root": root, "ok": not bad, "checkpoints": payload}, indent=1)
     else:
-        table = Table(title=f"verification of {root}", title_justify="left")
-        table.add_column("step", justify="right")
-        table.add_column("result")
-        table.add_column("files", justify="right")
-        table.add_column("checked", justify="right")
+        checked = table(title=f"verification of {root}", title_justify="left")
+        checked.add_column("step", justify="right")
+        checked.add_column("result")
+        checked.add_column("files", justify="right")
+        checked.add_column("checked", justify="right")
         for r in reports:
-            verdict = "[green]ok[/]" if r.ok else "[red]" + "\n".join(r.problems) + "[/]"
-            table.add_row(str(r.step), verdict, str(r.files_checked), human_bytes(r.bytes_checked))
-        out.print(table)
+            problems = Text("\n").join(text(p, "red") for p in r.problems)
+            verdict = Text("ok", "green") if r.ok else problems
+            checked.add_row(
+                str(r.step), verdict, str(r.files_checked), human_bytes(r.bytes_checked)
+            )
+        out.print(checked)
         if bad:
             out.print(
-                f"[red]{len(bad)} damaged checkpoint(s)[/]: restore() skips them and falls back to "
-                "the newest valid one; delete them or restore from a copy"
+                Text.assemble(
+                    (f"{len(bad)} damaged checkpoint(s)", "red"),
+                    ": restore() skips them and falls back to the newest valid one; delete them "
+                    "or restore from a copy",
+                )
             )
     raise typer.Exit(1 if bad else 0)
 
@@ -212,17 +217,13 @@ def inspect(
     except PreemptibleError as e:
         fail(e)
     if as_json:
-        typer.echo(
-            json.dumps(
-                {"checkpoint": _info_json(info), "keys": [x.to_json() for x in items]}, indent=1
-            )
-        )
+        echo_json({"checkpoint": _info_json(info), "keys": [x.to_json() for x in items]}, indent=1)
         return
-    table = Table(title=f"step {info.step} at {info.url}", title_justify="left")
+    keys = table(title=f"step {info.step} at {info.url}", title_justify="left")
     for col in ("key", "kind", "dtype", "shape", "bytes / value"):
-        table.add_column(col, justify="right" if col == "bytes / value" else "left")
+        keys.add_column(col, justify="right" if col == "bytes / value" else "left")
     for x in items:
         shape = "×".join(map(str, x.shape)) if x.shape else ("scalar" if x.dtype else "")
-        table.add_row(x.key, x.kind, x.dtype, shape, human_bytes(x.nbytes) if x.dtype else x.value)
-    out.print(table)
+        keys.add_row(x.key, x.kind, x.dtype, shape, human_bytes(x.nbytes) if x.dtype else x.value)
+    out.print(keys)
     out.print(f"{len(items)} values, {human_bytes(sum(x.nbytes for x in items))} of array data")

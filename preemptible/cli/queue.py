@@ -13,7 +13,6 @@ and print a table, or the server's JSON with `--json`. A refused request prints 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -21,11 +20,11 @@ from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from preemptible._env_names import TOKEN_ENV, URL_ENV
 from preemptible._units import fmt_duration
+from preemptible.cli._common import console, echo, echo_json, echo_raw, printable, table
 from preemptible.errors import PreemptibleError
 
 DEFAULT_PORT = 8470
@@ -56,7 +55,7 @@ JobId = Annotated[str, typer.Argument(help="The job's id (as `submit` and `statu
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    echo(f"error: {' '.join(message.split())}", err=True)
     raise typer.Exit(code)
 
 
@@ -104,7 +103,7 @@ class _Client:
 
 
 def _print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2))
+    echo_json(data, indent=2)
 
 
 def _clock(at: float | None) -> str:
@@ -141,7 +140,7 @@ def serve(
     from preemptible.queue.service.server import run_server
 
     if host not in ("127.0.0.1", "localhost", "::1"):
-        typer.echo(
+        echo(
             f"warning: listening on {host}: tokens cross the network in clear text unless a "
             "TLS proxy is in front",
             err=True,
@@ -214,7 +213,7 @@ def submit(
     if as_json:
         _print_json(job)
     else:
-        typer.echo(f"submitted job {job['id']} to {job['queue']} ({job['state']})")
+        echo(f"submitted job {job['id']} to {job['queue']} ({job['state']})")
 
 
 def _parse_env(pairs: list[str]) -> dict[str, str]:
@@ -250,12 +249,12 @@ def status(
     if as_json:
         _print_json(jobs)
         return
-    table = Table(box=None, header_style="bold", pad_edge=False)
+    jobs_table = table(box=None, header_style="bold", pad_edge=False)
     for column in ("ID", "NAME", "QUEUE", "TIER", "STATE", "GPUS", "WAITED", "REASON"):
-        table.add_column(column, no_wrap=column != "REASON")
+        jobs_table.add_column(column, no_wrap=column != "REASON")
     now = time.time()
     for job in sorted(jobs, key=lambda j: j["submitted_at"]):
-        table.add_row(
+        jobs_table.add_row(
             job["id"],
             job["name"],
             job["queue"],
@@ -266,9 +265,9 @@ def status(
             job["reason"],
         )
     if jobs:
-        Console(width=_width()).print(table)
+        console(width=_width()).print(jobs_table)
     else:
-        typer.echo("no jobs")
+        echo("no jobs")
 
 
 def _waited(job: dict[str, Any], now: float) -> float:
@@ -291,11 +290,11 @@ def why(
     if as_json:
         _print_json(answer)
         return
-    typer.echo(f"{answer['id']}: {answer['state']}: {answer['reason']}")
+    echo(f"{answer['id']}: {answer['state']}: {answer['reason']}")
     for clamp in answer.get("clamped") or ():  # a server older than the caps sends none
-        typer.echo(f"  {clamp}")
+        echo(f"  {clamp}")
     for event in answer["history"]:
-        typer.echo(f"  {_clock(event['at'])}  {event['kind']:<12} {event['reason']}")
+        echo(f"  {_clock(event['at'])}  {event['kind']:<12} {event['reason']}")
 
 
 @app.command()
@@ -307,7 +306,7 @@ def cancel(
     if as_json:
         _print_json(job)
     else:
-        typer.echo(f"{job['id']}: {job['state']} ({job['reason']})")
+        echo(f"{job['id']}: {job['state']} ({job['reason']})")
 
 
 @app.command()
@@ -332,9 +331,9 @@ def events(
                 _print_json(found)
             for event in found:
                 if as_json and follow:
-                    typer.echo(json.dumps(event))  # one object a line while following
+                    echo_json(event)  # one object a line while following
                 elif not as_json:
-                    typer.echo(_event_line(event))
+                    echo(_event_line(event))
             if found:
                 params["since"] = found[-1]["id"]
             if not follow:
@@ -368,9 +367,8 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False) 
     if as_json:
         _print_json(answer)
         return
-    table = signals_table(answer)
-    Console(width=_width()).print(table)
-    typer.echo(
+    console(width=_width()).print(signals_table(answer))
+    echo(
         f"max wait of the least-served queue: {fmt_duration(answer['max_wait_least_served_s'])}"
         f" (window {fmt_duration(answer['window_s'])})"
     )
@@ -378,13 +376,13 @@ def stats(url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False) 
 
 def signals_table(stats: dict[str, Any]) -> Table:
     """The four signals of a `/v1/stats` answer, one row per queue and one overall."""
-    table = Table(box=None, header_style="bold", pad_edge=False)
+    signals = table(box=None, header_style="bold", pad_edge=False)
     columns = ("QUEUE", "JOBS", "P95 WAIT", "MAX WAIT", "UTIL", "GOODPUT", "PREEMPTED")
     for column in (*columns, "LOST EACH"):  # fits 80 columns
-        table.add_column(column, justify="left" if column == "QUEUE" else "right")
+        signals.add_column(column, justify="left" if column == "QUEUE" else "right")
     rows = [*sorted(stats["queues"].items()), ("(overall)", stats["overall"])]
     for name, s in rows:
-        table.add_row(
+        signals.add_row(
             name,
             str(s["jobs"]),
             fmt_duration(s["p95_wait_s"]),
@@ -394,7 +392,7 @@ def signals_table(stats: dict[str, Any]) -> Table:
             f"{s['preemptions']} ({s['preemptions_per_hour']:.3g}/h)",
             f"{s['lost_gpu_s_per_preemption']:.1f} GPU-s",
         )
-    return table
+    return signals
 
 
 @app.command()
@@ -407,11 +405,21 @@ def logs(
         bool, typer.Option("--follow", "-f", help="Keep printing until the job finishes.")
     ] = False,
     interval: Annotated[str, typer.Option(help="How often --follow asks.")] = "1s",
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Print the output as the job wrote it, control characters and all (colours, "
+            "progress bars): only for a job you trust. By default each control character but "
+            "newline and tab is shown escaped, like \\x1b.",
+        ),
+    ] = False,
     url: Url = DEFAULT_URL,
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
-    """A job's output (stdout and stderr of one attempt)."""
+    """A job's output (stdout and stderr of one attempt), its control characters escaped
+    unless --raw."""
     pause_s = _duration(interval, "--interval")
     client = _Client(url, token)
     offset = 0
@@ -423,10 +431,9 @@ def logs(
                 params={"attempt": attempt, "offset": offset},
             )
             if as_json:
-                typer.echo(json.dumps(chunk))
+                echo_json(chunk)
             elif chunk["text"]:
-                sys.stdout.write(chunk["text"])
-                sys.stdout.flush()
+                echo_raw(chunk["text"] if raw else printable(chunk["text"], lines=True))
             caught_up = chunk["next_offset"] == offset
             offset = chunk["next_offset"]
             if caught_up and (not follow or chunk["state"] not in ACTIVE_STATES):
@@ -512,8 +519,8 @@ def export_policy(
     if output is None:
         for name, content in files.items():
             if len(files) > 1:
-                typer.echo(f"# ==> {name} <==")
-            typer.echo(content, nl=False)
+                echo(f"# ==> {name} <==")
+            echo_raw(content)  # files in a format (YAML, slurm.conf) made of validated names
         return
     try:
         output.mkdir(parents=True, exist_ok=True)
@@ -522,7 +529,7 @@ def export_policy(
     except OSError as exc:
         _fail(f"cannot write to {output}: {exc}", code=1)
     for name in files:
-        typer.echo(f"wrote {output / name}")
+        echo(f"wrote {output / name}")
 
 
 def _write_file(path: Path, content: str, *, executable: bool) -> None:

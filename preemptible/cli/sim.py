@@ -19,6 +19,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from preemptible._units import fmt_duration
+from preemptible.cli._common import console, echo, table
 from preemptible.errors import PreemptibleError
 
 app = typer.Typer(
@@ -29,7 +30,7 @@ app = typer.Typer(
 
 
 def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    echo(f"error: {message}", err=True)
     raise typer.Exit(2)
 
 
@@ -85,7 +86,7 @@ def sim(
         _fail(str(exc))
     _print_notes([f["note"] for f in report["quota_shortfalls"]])
     if html is not None:
-        typer.echo(f"wrote {html} ({html.stat().st_size / 1024:,.0f} KB)", err=True)
+        echo(f"wrote {html} ({html.stat().st_size / 1024:,.0f} KB)", err=True)
     if json_out is not None:
         try:
             json_out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -172,9 +173,9 @@ def run_sim(
 def _print_notes(notes: list[str], limit: int = 5) -> None:
     """Queues with jobs beyond their nominal quota, one line each (on stderr)."""
     for note in notes[:limit]:
-        typer.echo(f"note: {note}", err=True)
+        echo(f"note: {note}", err=True)
     if len(notes) > limit:
-        typer.echo(f"note: and {len(notes) - limit} more queue(s) like these", err=True)
+        echo(f"note: and {len(notes) - limit} more queue(s) like these", err=True)
 
 
 def _read(path: Path) -> str:
@@ -195,7 +196,6 @@ class _NoBar:
 def _progress(quiet: bool) -> Any:
     if quiet or not sys.stderr.isatty():
         return _NoBar()
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
@@ -203,38 +203,35 @@ def _progress(quiet: bool) -> Any:
         BarColumn(),
         TextColumn("{task.completed}/{task.total} jobs"),
         TimeElapsedColumn(),
-        console=Console(stderr=True),
+        console=console(stderr=True),
         transient=True,
     )
 
 
 def _print_tables(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     from preemptible.sim.kpis import COMPARISON_COLUMNS, format_metric
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=170)
+    out = console()
+    if not out.is_terminal:
+        out = console(width=170)
     policies = report["policies"]
     first = next(iter(policies.values()))
     o = first["overall"]
-    table = Table(
+    overall = table(
         title=(
             f"{report['trace']}: {o['jobs']} jobs on {o['gpus']} GPUs, demand "
             f"{o['demand_ratio']:.2f}x supply, checkpointing {report['checkpointing']}"
         )
     )
-    table.add_column("policy")
+    overall.add_column("policy")
     for column in COMPARISON_COLUMNS:
-        table.add_column(column.label, justify="right")
+        overall.add_column(column.label, justify="right")
     for name, metrics in policies.items():
         ov = metrics["overall"]
-        table.add_row(name, *(format_metric(ov[c.key], c.kind) for c in COMPARISON_COLUMNS))
-    console.print(table)
+        overall.add_row(name, *(format_metric(ov[c.key], c.kind) for c in COMPARISON_COLUMNS))
+    out.print(overall)
     queues = list(first["queues"])
-    per_queue = Table(title="p95 wait per queue (max wait)")
+    per_queue = table(title="p95 wait per queue (max wait)")
     per_queue.add_column("queue")
     for name in policies:
         per_queue.add_column(name, justify="right")
@@ -246,26 +243,24 @@ def _print_tables(report: dict[str, Any]) -> None:
                 f"{fmt_duration(m['p95_wait_s'])} ({fmt_duration(m['max_wait_s'])})" if m else "-"
             )
         per_queue.add_row(*row)
-    console.print(per_queue)
-    _print_lost_by_kind(console, policies)
+    out.print(per_queue)
+    _print_lost_by_kind(out, policies)
 
 
-def _print_lost_by_kind(console: Any, policies: dict[str, Any]) -> None:
+def _print_lost_by_kind(out: Any, policies: dict[str, Any]) -> None:
     """Lost GPU-hours per policy by the rule that sent the notice, when any policy preempted."""
-    from rich.table import Table
-
     lost = {name: m["overall"]["lost_gpu_s_by_kind"] for name, m in policies.items()}
     if not any(any(v.values()) for v in lost.values()):
         return
     kinds = list(next(iter(lost.values())))
-    table = Table(title="lost GPU-h by the rule that sent the notice (preemptions)")
-    table.add_column("policy")
+    by_rule = table(title="lost GPU-h by the rule that sent the notice (preemptions)")
+    by_rule.add_column("policy")
     for kind in kinds:
-        table.add_column(kind, justify="right")
+        by_rule.add_column(kind, justify="right")
     for name, by_kind in lost.items():
         counts = policies[name]["overall"]["preemptions_by_kind"]
-        table.add_row(name, *(f"{by_kind[k] / 3600:,.1f} ({counts[k]:,})" for k in kinds))
-    console.print(table)
+        by_rule.add_row(name, *(f"{by_kind[k] / 3600:,.1f} ({counts[k]:,})" for k in kinds))
+    out.print(by_rule)
 
 
 @app.command("import")
@@ -297,7 +292,7 @@ def import_cmd(
     except (PreemptibleError, OSError) as exc:
         _fail(str(exc))
     note = f" ({imported.note})" if imported.note else ""
-    typer.echo(f"{source} [{imported.layout}] -> {out}: {n} jobs{note}")
+    echo(f"{source} [{imported.layout}] -> {out}: {n} jobs{note}")
     _print_notes(notes)
 
 
@@ -324,4 +319,4 @@ def synth_cmd(
             config_out.write_text(synth_config(gpus))
     except OSError as exc:
         _fail(str(exc))
-    typer.echo(f"wrote {n} jobs to {out}")
+    echo(f"wrote {n} jobs to {out}")

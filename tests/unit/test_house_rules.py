@@ -134,6 +134,30 @@ def env_names_spelled_out(root: Path) -> list[str]:
     return found
 
 
+# What prints by itself, bypassing `preemptible/cli/_common.py` (which escapes every control
+# character of what it prints): print, click's echo, a rich console or table of rich's own,
+# the standard streams written to.
+TERMINAL_WRITES = ("print", "typer.echo", "typer.secho", "click.echo", "click.secho",
+                   "rich.print", "sys.stdout.write", "sys.stderr.write", "sys.stdout.buffer.write",
+                   "sys.stderr.buffer.write", "os.write")  # fmt: skip
+
+
+def terminal_writes(root: Path) -> list[str]:
+    """Calls in `preemptible/cli/` that write to the terminal without `_common.py`, as
+    "file:line: call"."""
+    found = []
+    for path in sorted((root / "preemptible/cli").rglob("*.py")):
+        if path.name == "_common.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            call = ast.unparse(node.func)
+            if call in TERMINAL_WRITES or call.rsplit(".", 1)[-1] in ("Console", "Table"):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {call}")
+    return found
+
+
 def test_every_rule_of_the_house_holds():
     assert broken_rules(ROOT) == []
 
@@ -148,6 +172,10 @@ def test_one_class_per_name():
 
 def test_every_environment_variable_is_named_in_one_place():
     assert env_names_spelled_out(ROOT) == []
+
+
+def test_the_cli_writes_to_the_terminal_only_through_its_escaping_helpers():
+    assert terminal_writes(ROOT) == []
 
 
 def test_each_rule_broken_on_purpose_is_caught(tmp_path):
@@ -181,4 +209,18 @@ def test_each_rule_broken_on_purpose_is_caught(tmp_path):
     assert env_names_spelled_out(tmp_path) == ["preemptible/runtime/queue_link.py: PREEMPTIBLE_URL"]
     assert names_defined_twice(tmp_path) == {
         "Tier": ["preemptible/queue/core/model.py", "preemptible/queue/service/api.py"]
+    }
+    writes = {
+        "preemptible/cli/queue.py": "typer.echo(job['name'])\n",
+        "preemptible/cli/ckpt.py": "rich.table.Table(title=root)\n",
+        "preemptible/cli/sim.py": "sys.stdout.write(note)\n",
+    }
+    for file, line in writes.items():
+        path = tmp_path / file
+        path.write_text(path.read_text() + line)
+    found = {e.split(":")[0]: e.rsplit(": ", 1)[1] for e in terminal_writes(tmp_path)}
+    assert found == {
+        "preemptible/cli/ckpt.py": "rich.table.Table",
+        "preemptible/cli/queue.py": "typer.echo",
+        "preemptible/cli/sim.py": "sys.stdout.write",
     }

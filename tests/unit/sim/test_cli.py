@@ -161,3 +161,31 @@ def test_bad_files_print_one_line_naming_file_and_line(
     proc = run_cli("--trace", str(csv), "--config", str(cfg), "--policy", "fifo")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["error: " + expected.format(cfg=cfg, trace=csv)]
+
+
+# A queue and a trace file whose names clear the screen, retitle the window, start an 8-bit
+# CSI, and ask rich for a link and an emoji: the reader's terminal obeys none.
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07\x9b6n[link=https:e.x]x:warning:"  # no "/": a file name
+SHOWN = r"\x1b[2J\x1b]0;pwned\x07\x9b6n[link=https:e.x]x:warning:"
+TOML_NAME = HOSTILE.encode("unicode_escape").decode().replace("\\x", "\\u00")
+
+
+def test_names_from_the_trace_and_config_reach_the_terminal_escaped(tmp_path):
+    cfg = tmp_path / "q.toml"
+    cfg.write_text(
+        f'[cluster]\ngpus = 8\n[[queues]]\nname = "{TOML_NAME}"\nnominal = {{ gpus = 4 }}\n'
+    )
+    trace = tmp_path / f"trace{HOSTILE}.csv"
+    trace.write_text(
+        "job_id,submit_s,duration_s,gpus,queue,tier\n"
+        f"1,0,100,8,{HOSTILE},normal\n2,10,100,1,{HOSTILE},normal\n"
+    )
+    proc = run_cli("--trace", str(trace), "--config", str(cfg), "--policy", "fifo")
+    assert proc.returncode == 0, proc.stderr
+    seen = proc.stdout + proc.stderr
+    assert not any(c in seen for c in ("\x1b", "\x07", "\x9b")), seen
+    assert SHOWN in proc.stdout  # the queue's row
+    assert proc.stderr.startswith(f"note: {SHOWN} has 1 job of up to 8 GPUs")
+    proc = run_cli("import", str(trace), str(tmp_path / "c.csv"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{tmp_path}/trace{SHOWN}.csv [canonical] -> ")

@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from preemptible.cli.queue import app
-from preemptible.errors import ConfigError
+from preemptible.errors import ConfigError, JobStateError
 from preemptible.queue.service.app import create_app
 from preemptible.queue.service.auth import resolve_tokens
 from preemptible.queue.service.views import CostView, JobView, SubmitRequest
@@ -291,6 +291,93 @@ def test_logs_of_an_earlier_attempt(cli: RunCli, fake: FakeQueueManager) -> None
     assert cli("logs", job.id, "--attempt", "1").stdout == "first try\n"
     result = cli("logs", job.id, "--attempt", "5")
     assert result.exit_code == 2 and "attempt 5" in one_error_line(result)
+
+
+# --- control characters: what a job says never drives the reader's terminal ---------------------
+
+# Clears the screen, retitles the window, starts an 8-bit CSI, and asks rich for a link and an
+# emoji; every field of the job says it.
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07\x9b6n[link=https://e.x]:warning:"
+SHOWN = "\\x1b[2J\\x1b]0;pwned\\x07\\x9b6n[link=https://e.x]:warning:"
+CONTROLS = ("\x1b", "\x07", "\x9b")
+
+
+@pytest.fixture
+def hostile(fake: FakeQueueManager) -> JobView:
+    """A running job whose name, command, reason, events and log all carry escapes."""
+    job = fake.submit(SubmitRequest(queue="team-a", command=[HOSTILE, HOSTILE], name=HOSTILE))
+    fake.start(job.id)
+    fake.notify(job.id, reason=HOSTILE)
+    fake.write_log(job.id, f"{HOSTILE}\n")
+    return fake.get_job(job.id)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["status"], ["status", "--all"], ["why", "{id}"], ["events", "--job", "{id}"],
+     ["logs", "{id}"]],
+    ids=["status", "status-all", "why", "events", "logs"],
+)  # fmt: skip
+def test_no_control_character_of_a_job_reaches_the_terminal(
+    cli: RunCli, hostile: JobView, command: list[str]
+) -> None:
+    result = cli(*(part.format(id=hostile.id) for part in command))
+    assert result.exit_code == 0, result.output
+    for control in CONTROLS:
+        assert control not in result.stdout and control not in result.stderr, command
+    assert SHOWN in result.stdout  # escaped, whole: rich read no markup and no emoji in it
+
+
+def test_why_shows_the_reason_escaped_on_one_line(cli: RunCli, hostile: JobView) -> None:
+    first, *history = cli("why", hostile.id).stdout.splitlines()
+    assert first == f"{hostile.id}: preempting: {SHOWN}"
+    assert history[0].endswith(f"notice       {SHOWN}")
+
+
+def test_a_servers_error_message_reaches_the_terminal_escaped(
+    cli: RunCli, fake: FakeQueueManager
+) -> None:
+    fake.fail_with = JobStateError(HOSTILE)
+    try:
+        result = cli("why", "j1")
+    finally:
+        fake.fail_with = None
+    assert result.exit_code == 2 and one_error_line(result) == f"error: {SHOWN}"
+
+
+def test_json_keeps_the_servers_answer_and_escapes_it_itself(cli: RunCli, hostile: JobView) -> None:
+    result = cli("status", "--json")
+    assert not any(control in result.stdout for control in CONTROLS)
+    assert {j["id"]: j["name"] for j in json.loads(result.stdout)}[hostile.id] == HOSTILE
+    assert "\\u001b]0;pwned\\u0007" in result.stdout
+    first_chunk = cli("logs", hostile.id, "--json").stdout.splitlines()[0]
+    assert json.loads(first_chunk)["text"] == f"{HOSTILE}\n"
+
+
+def test_logs_escape_control_characters_but_keep_lines_and_tabs_unless_raw(
+    cli: RunCli, fake: FakeQueueManager
+) -> None:
+    job = started(fake)
+    written = "epoch 1\t\x1b[32mok\x1b[0m\n 50%|#####     |\r100%|##########|\n\u202egnp.exe\n"
+    fake.write_log(job.id, written)
+    shown = "epoch 1\t\\x1b[32mok\\x1b[0m\n 50%|#####     |\\r100%|##########|\n\\u202egnp.exe\n"
+    assert cli("logs", job.id).stdout == shown
+    assert cli("logs", job.id, "--raw").stdout == written
+
+
+def test_the_signals_table_shows_queue_names_escaped() -> None:
+    from rich.console import Console
+
+    from preemptible.cli.queue import signals_table
+
+    signals = {"jobs": 1, "p95_wait_s": 1.0, "max_wait_s": 2.0, "utilization": 0.5,
+               "goodput": 0.5, "preemptions": 0, "preemptions_per_hour": 0.0,
+               "lost_gpu_s_per_preemption": 0.0}  # fmt: skip
+    console = Console(force_terminal=True, width=200)  # a terminal, and rich's markup on
+    with console.capture() as captured:
+        console.print(signals_table({"queues": {HOSTILE: signals}, "overall": signals}))
+    assert SHOWN in captured.get()
+    assert "\x1b]" not in captured.get() and "\x9b" not in captured.get()
 
 
 # --- subprocess: the installed command, and following ------------------------------------------
