@@ -127,7 +127,7 @@ def serve(
     state: Annotated[
         Path | None,
         typer.Option(
-            help="Folder for the state file and job logs [default: the user's data folder].",
+            help="Folder for the state file and job logs \\[default: the user's data folder].",
             file_okay=False,
             show_default=False,
         ),
@@ -168,20 +168,22 @@ def submit(
         bool | None,
         typer.Option(
             "--gang/--no-gang",
-            help="All GPUs at once [default: yes for more than one GPU].",
+            help="All GPUs at once \\[default: yes for more than one GPU].",
             show_default=False,
         ),
     ] = None,
     estimate: Annotated[
         str | None, typer.Option(help="Expected runtime, e.g. 90m or 2h (helps backfill).")
     ] = None,
-    name: Annotated[str | None, typer.Option(help="A name to show [default: the program].")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="A name to show \\[default: the program].")
+    ] = None,
     env: Annotated[
         list[str] | None, typer.Option(help="KEY=VALUE for the job's environment (repeatable).")
     ] = None,
     cwd: Annotated[
         Path | None,
-        typer.Option(help="Working directory [default: this one].", show_default=False),
+        typer.Option(help="Working directory \\[default: this one].", show_default=False),
     ] = None,
     url: Url = DEFAULT_URL,
     token: Token = None,
@@ -399,7 +401,7 @@ def signals_table(stats: dict[str, Any]) -> Table:
 def logs(
     job_id: JobId,
     attempt: Annotated[
-        int | None, typer.Option(help="Which attempt [default: the latest].")
+        int | None, typer.Option(help="Which attempt \\[default: the latest].")
     ] = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing until the job finishes.")
