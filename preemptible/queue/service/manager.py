@@ -21,7 +21,7 @@ import secrets
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from preemptible.queue.service.executor import (
     ProcessExecutor,
 )
 from preemptible.queue.service.history import SignalHistory, SignalSample
+from preemptible.queue.service.isolation import JOBS_FOLDER, JobUser
 from preemptible.queue.service.metrics import DurationHistogram
 from preemptible.queue.service.records import JobRecord
 from preemptible.queue.service.recovery import recover
@@ -91,6 +92,7 @@ class QueueManager:
         clock: Callable[[], float] = time.time,
         poll_s: float = 0.2,
         cycle_every_s: float = 1.0,
+        users: Mapping[str, JobUser] | None = None,
     ):
         self.config = config
         self.store = store
@@ -110,10 +112,11 @@ class QueueManager:
             self.shell,
             executor,
             url=url,
-            log_dir=Path(state_dir) / "jobs",
+            log_dir=Path(state_dir) / JOBS_FOLDER,
             job_token=self._job_token,
             renegotiate=self._negotiate,
             changed=self.changed,
+            users=users,
         )
         self.default_reason = "pending: waiting for the next cycle"
         self.cycle_seconds: deque[float] = deque(maxlen=1000)

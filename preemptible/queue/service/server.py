@@ -22,6 +22,7 @@ from preemptible._env_names import LOG_LEVEL_ENV
 from preemptible.errors import ConfigError
 from preemptible.queue.core import QueueConfig, parse_config_text
 from preemptible.queue.service.executor import ProcessExecutor
+from preemptible.queue.service.isolation import JobUser, job_users
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.store import Store
 
@@ -65,13 +66,28 @@ def check_port(host: str, port: int) -> None:
 
 
 def build_manager(
-    config: QueueConfig, state_dir: Path, *, url: str, executor: ProcessExecutor | None = None
+    config: QueueConfig,
+    state_dir: Path,
+    *,
+    url: str,
+    executor: ProcessExecutor | None = None,
+    users: dict[str, JobUser] | None = None,
 ) -> QueueManager:
-    """A manager on the state directory (recovered from it), not started yet."""
+    """A manager on the state directory (recovered from it), not started yet.
+
+    Args:
+        users: Queue name -> the user its jobs run as; default: the config's ``run_as``.
+
+    Raises:
+        ConfigError: A ``run_as`` user does not exist or cannot be switched to.
+        StateStoreError: The state directory cannot be created or read.
+    """
+    if users is None:
+        users = job_users(config)
     store = Store(state_dir)
     if executor is None:
         executor = ProcessExecutor(exclude=secret_variables(config))
-    return QueueManager(config, store, executor, state_dir=state_dir, url=url)
+    return QueueManager(config, store, executor, state_dir=state_dir, url=url, users=users)
 
 
 def run_server(config_path: Path, state_dir: Path, host: str, port: int) -> None:

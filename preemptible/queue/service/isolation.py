@@ -1,0 +1,136 @@
+"""A job is not the manager: whom each queue's jobs run as, and what the manager keeps private.
+
+The manager holds secrets no job may read: the admin token and every queue's token (in its
+environment), and the secret every job token is derived from (in its state folder). A job
+that runs as the manager's own Unix user reads them all through ``/proc/<pid>/environ`` and the
+state folder. So, when the manager runs as root, every queue names the Unix user its jobs run as
+(``run_as = "alice"``), and the runner switches to that user (uid, gid, supplementary groups)
+just before it starts the job; the runner itself stays the manager's, so it can still write the
+job's status and the job cannot kill it. A manager that is not root cannot switch users: it runs
+every job as itself.
+
+A job's folder lets it pass (0711) but neither list nor write it; its logs are its user's alone
+(0600), and its ``cost/`` folder, where its cost file goes, is its user's to write. Nothing the
+manager opens there can be replaced by the job: the manager may be root, and a link planted in a
+folder it writes must never point it at another file.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from dataclasses import dataclass
+
+from preemptible.errors import ConfigError
+from preemptible.queue.core import QueueConfig
+
+SECURITY_DOC = "docs/user-guide/security.md"
+"""Where the trust model is explained; named in every warning and refusal."""
+
+JOBS_FOLDER = "jobs"
+"""The state folder's sub-folder with one folder per job: its logs, status files and cost."""
+
+PRIVATE_FOLDER = 0o700
+"""A folder of the manager's that nobody else enters."""
+PASSAGE_FOLDER = 0o711
+"""A folder of the manager's that jobs of other users may pass through but not list."""
+PRIVATE_FILE = 0o600
+"""A file of one user alone: the manager's state, or a job's log (then owned by its user)."""
+
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobUser:
+    """The Unix user a queue's jobs run as, from its passwd entry."""
+
+    name: str
+    """The user's name, as ``run_as`` gives it."""
+    uid: int
+    """Its user id."""
+    gid: int
+    """Its primary group."""
+    groups: tuple[int, ...]
+    """Every group it belongs to (the primary one included), as ``initgroups`` would set."""
+    home: str
+    """Its home folder (``HOME``; the job's working directory when the job names none)."""
+
+    @classmethod
+    def lookup(cls, name: str) -> JobUser:
+        """The user called ``name`` on this machine.
+
+        Raises:
+            KeyError: There is no such user.
+        """
+        entry = pwd.getpwnam(name)
+        groups = tuple(sorted(set(os.getgrouplist(name, entry.pw_gid))))
+        return cls(name=name, uid=entry.pw_uid, gid=entry.pw_gid, groups=groups, home=entry.pw_dir)
+
+    def runner_ids(self) -> str:
+        """The ids as the runner's ``--as`` option takes them: ``UID:GID:G1,G2,...``."""
+        return f"{self.uid}:{self.gid}:{','.join(str(g) for g in self.groups)}"
+
+    def environment(self) -> dict[str, str]:
+        """The variables that say who the job is: ``HOME``, ``USER``, ``LOGNAME``."""
+        return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+
+
+def job_users(config: QueueConfig, *, euid: int | None = None) -> dict[str, JobUser]:
+    """Queue name -> the user its jobs switch to, for the queues whose ``run_as`` needs a switch.
+
+    A manager that is not root switches nobody: a ``run_as`` that names its own user is
+    fulfilled without a switch, and any other is refused.
+
+    Args:
+        config: The configuration; its ``run_as`` names the users.
+        euid: The manager's effective user id (default: this process's).
+
+    Raises:
+        ConfigError: A user does not exist, is root, or cannot be switched to without root.
+    """
+    euid = os.geteuid() if euid is None else euid
+    users: dict[str, JobUser] = {}
+    for queue, name in config.run_as.items():
+        where = f"queue {queue!r}: run_as = {name!r}"
+        try:
+            user = JobUser.lookup(name)
+        except KeyError:
+            if euid != 0 and name == manager_user_name(euid):
+                continue
+            raise ConfigError(
+                f"{where}: there is no such Unix user on this machine; create it (useradd "
+                f"--system {name}) or name an existing user of the team (see {SECURITY_DOC})"
+            ) from None
+        if user.uid == euid:
+            if euid == 0:
+                raise ConfigError(
+                    f"{where}: jobs never run as root, the manager's own user; name a user of "
+                    f"the team's own (see {SECURITY_DOC})"
+                )
+            continue  # single-user mode, and the queue asks for this very user
+        if euid != 0:
+            raise ConfigError(
+                f"{where}: switching to another user needs root, and this manager runs as "
+                f"{manager_user_name(euid)}; start it as root, or remove run_as to run every "
+                f"job as {manager_user_name(euid)} (see {SECURITY_DOC})"
+            )
+        users[queue] = user
+    return users
+
+
+def manager_user_name(euid: int | None = None) -> str:
+    """The name of the manager's user (its uid when it has no passwd entry)."""
+    euid = os.geteuid() if euid is None else euid
+    try:
+        return pwd.getpwuid(euid).pw_name
+    except KeyError:
+        return str(euid)
+
+
+def job_base_environment(manager_env: dict[str, str], user: JobUser) -> dict[str, str]:
+    """What a job of ``user`` starts from: ``PATH`` and ``LANG`` (the manager's, or a default
+    ``PATH``) and who it is; nothing else of the manager's."""
+    env = {"PATH": manager_env.get("PATH", _DEFAULT_PATH)}
+    if "LANG" in manager_env:
+        env["LANG"] = manager_env["LANG"]
+    return {**env, **user.environment()}
