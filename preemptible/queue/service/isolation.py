@@ -9,19 +9,26 @@ just before it starts the job; the runner itself stays the manager's, so it can 
 job's status and the job cannot kill it. A manager that is not root cannot switch users: it runs
 every job as itself.
 
-A job's folder lets it pass (0711) but neither list nor write it; its logs are its user's alone
-(0600), and its ``cost/`` folder, where its cost file goes, is its user's to write. Nothing the
-manager opens there can be replaced by the job: the manager may be root, and a link planted in a
-folder it writes must never point it at another file.
+What stays private whatever the mode:
+
+- the state folder is the manager's (0700; 0711 when jobs run as other users, so that a job may
+  pass through to its own files but not list the folder), and every file in it is 0600: the
+  SQLite file with its ``-wal`` and ``-shm``, and the secret;
+- a job's folder lets it pass (0711) but neither list nor write it; its logs are its user's
+  alone (0600), and its ``cost/`` folder, where its cost file goes, is its user's to write.
+  Nothing the manager opens there can be replaced by the job: the manager may be root, and a
+  link planted in a folder it writes must never point it at another file.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 
-from preemptible.errors import ConfigError
+from preemptible.errors import ConfigError, StateStoreError
 from preemptible.queue.core import QueueConfig
 
 SECURITY_DOC = "docs/user-guide/security.md"
@@ -134,3 +141,40 @@ def job_base_environment(manager_env: dict[str, str], user: JobUser) -> dict[str
     if "LANG" in manager_env:
         env["LANG"] = manager_env["LANG"]
     return {**env, **user.environment()}
+
+
+def secure_state_dir(state_dir: Path, *, shared: bool) -> None:
+    """Create the state folder and its jobs folder, or tighten those an older version left
+    readable: the folders the manager's (0711 when ``shared``, jobs of other users reaching
+    their own files through them; else 0700), its files 0600, and the files of every job's
+    folder readable by their owner alone.
+
+    Raises:
+        StateStoreError: The folder cannot be created or its modes cannot be set.
+    """
+    folder_mode = PASSAGE_FOLDER if shared else PRIVATE_FOLDER
+    jobs = state_dir / JOBS_FOLDER
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
+        jobs.mkdir(exist_ok=True, mode=PRIVATE_FOLDER)
+        os.chmod(state_dir, folder_mode)
+        os.chmod(jobs, folder_mode)
+        _private_files(state_dir)
+        for entry in os.scandir(jobs):
+            if entry.is_dir(follow_symlinks=False):
+                os.chmod(entry.path, folder_mode)
+                _private_files(Path(entry.path))
+    except OSError as exc:
+        raise StateStoreError(
+            f"cannot create the state directory {state_dir} or set its modes: "
+            f"{exc.strerror or exc}; choose another with --state"
+        ) from None
+
+
+def _private_files(folder: Path) -> None:
+    """Take the group's and others' bits off the regular files directly in ``folder``."""
+    for entry in os.scandir(folder):
+        if entry.is_file(follow_symlinks=False):
+            mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
+            if mode & 0o077:
+                os.chmod(entry.path, mode & 0o700)

@@ -45,7 +45,7 @@ from preemptible.queue.service.executor import (
     ProcessExecutor,
 )
 from preemptible.queue.service.history import SignalHistory, SignalSample
-from preemptible.queue.service.isolation import JOBS_FOLDER, JobUser
+from preemptible.queue.service.isolation import JOBS_FOLDER, PRIVATE_FILE, JobUser
 from preemptible.queue.service.metrics import DurationHistogram
 from preemptible.queue.service.records import JobRecord
 from preemptible.queue.service.recovery import recover
@@ -547,7 +547,8 @@ def _secret(path: Path) -> bytes:
         pass
     secret = secrets.token_bytes(32)
     tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, PRIVATE_FILE)
+    os.fchmod(fd, PRIVATE_FILE)  # a leftover temp file keeps its mode through O_CREAT
     with os.fdopen(fd, "wb") as f:
         f.write(secret)
         f.flush()

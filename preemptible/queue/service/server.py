@@ -22,7 +22,7 @@ from preemptible._env_names import LOG_LEVEL_ENV
 from preemptible.errors import ConfigError
 from preemptible.queue.core import QueueConfig, parse_config_text
 from preemptible.queue.service.executor import ProcessExecutor
-from preemptible.queue.service.isolation import JobUser, job_users
+from preemptible.queue.service.isolation import JobUser, job_users, secure_state_dir
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.store import Store
 
@@ -80,10 +80,11 @@ def build_manager(
 
     Raises:
         ConfigError: A ``run_as`` user does not exist or cannot be switched to.
-        StateStoreError: The state directory cannot be created or read.
+        StateStoreError: The state directory cannot be created, secured or read.
     """
     if users is None:
         users = job_users(config)
+    secure_state_dir(Path(state_dir), shared=bool(users))
     store = Store(state_dir)
     if executor is None:
         executor = ProcessExecutor(exclude=secret_variables(config))

@@ -12,7 +12,9 @@ database, is refused with a clear error and never overwritten.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,7 +59,7 @@ class Store:
     def __init__(self, state_dir: Path):
         self.path = Path(state_dir) / FILE_NAME
         try:
-            Path(state_dir).mkdir(parents=True, exist_ok=True)
+            Path(state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
             raise StateStoreError(
                 f"cannot create the state directory {state_dir}: {exc.strerror or exc}; "
@@ -69,8 +71,11 @@ class Store:
     def _open(self) -> sqlite3.Connection:
         existed = self.path.exists()
         try:
+            _private(self.path)  # before SQLite: its -wal and -shm take the file's mode
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
+            for suffix in ("-wal", "-shm"):  # left by an older version with another mode
+                _private(self.path.with_name(self.path.name + suffix), create=False)
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA busy_timeout=5000")
             version = self._version(db) if existed else None
@@ -279,3 +284,22 @@ class GroupCommit:
         except BaseException as exc:  # the commit itself failed: nothing of it is on disk
             for write in batch:
                 write.error = write.error or exc
+
+
+def _private(path: Path, *, create: bool = True) -> None:
+    """Make ``path`` readable and writable by the manager alone (0600): the file holds every
+    job's environment. Created empty when missing and ``create`` (SQLite takes an empty file
+    for an empty database)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        if create:
+            raise
+        return
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode) and stat.S_IMODE(mode) != 0o600:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)

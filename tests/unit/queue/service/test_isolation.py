@@ -1,9 +1,13 @@
-"""Whom jobs run as, from real passwd entries. The switch to another user needs root and is
-tested where it runs (`test_executor.py`); the decisions are tested here for any user, by
-naming the manager's uid.
+"""Whom jobs run as, and what the manager keeps to itself: real passwd entries, real files.
+The switch to another user needs root and is tested where it runs (`test_executor.py`); the
+decisions are tested here for any user, by naming the manager's uid.
 """
 
 from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +16,11 @@ from preemptible.queue.core import parse_config
 from preemptible.queue.service.isolation import (
     JobUser,
     job_users,
+    secure_state_dir,
 )
+from preemptible.queue.service.manager import _secret
+from preemptible.queue.service.server import build_manager
+from preemptible.queue.service.store import FILE_NAME
 
 NOBODY = 65534
 """The uid of `nobody` (Debian and most distributions): a manager that is not root."""
@@ -22,6 +30,10 @@ def config(**run_as: str):
     """Queues `a` and `b`, each with the `run_as` given for it."""
     queues = [{"name": q} | ({"run_as": run_as[q]} if q in run_as else {}) for q in "ab"]
     return parse_config({"cluster": {"gpus": 2}, "queues": queues})
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 @pytest.fixture(autouse=True)
@@ -59,3 +71,47 @@ def test_a_manager_that_is_not_root_runs_every_job_as_itself() -> None:
     assert job_users(config(a="nobody"), euid=NOBODY) == {}
     with pytest.raises(ConfigError, match=r"switching to another user needs root.*as nobody"):
         job_users(config(a="root"), euid=NOBODY)
+
+
+# --- what the manager keeps to itself ------------------------------------------------------------
+
+
+def test_the_state_folder_and_its_files_are_the_managers_alone(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    old_umask = os.umask(0o022)
+    try:
+        m = build_manager(config(), state, url="http://127.0.0.1:9")
+    finally:
+        os.umask(old_umask)
+    try:
+        assert mode(state) == mode(state / "jobs") == 0o700
+        for name in ("secret", FILE_NAME, FILE_NAME + "-wal", FILE_NAME + "-shm"):
+            assert mode(state / name) == 0o600, name
+    finally:
+        m.store.close()
+
+
+def test_an_older_state_folder_is_tightened_and_no_link_is_followed(tmp_path: Path) -> None:
+    state, outside = tmp_path / "state", tmp_path / "outside"
+    (state / "jobs" / "j1").mkdir(parents=True, mode=0o755)
+    for path in (state / FILE_NAME, state / "secret", state / "jobs" / "j1" / "attempt-1.log"):
+        path.write_text("x")
+        path.chmod(0o644)
+    outside.write_text("not the manager's")
+    outside.chmod(0o644)
+    (state / "a-link").symlink_to(outside)
+    (state / "jobs" / "j1" / "a-link").symlink_to(outside)
+
+    secure_state_dir(state, shared=True)  # jobs of other users pass through the folders
+
+    assert mode(state) == mode(state / "jobs") == mode(state / "jobs" / "j1") == 0o711
+    assert mode(state / FILE_NAME) == mode(state / "secret") == 0o600
+    assert mode(state / "jobs" / "j1" / "attempt-1.log") == 0o600
+    assert mode(outside) == 0o644
+
+
+def test_a_leftover_temporary_secret_does_not_lend_the_secret_its_mode(tmp_path: Path) -> None:
+    (tmp_path / "secret.tmp").write_bytes(b"")
+    (tmp_path / "secret.tmp").chmod(0o644)  # O_CREAT keeps an existing file's mode
+    secret = _secret(tmp_path / "secret")
+    assert mode(tmp_path / "secret") == 0o600 and (tmp_path / "secret").read_bytes() == secret
