@@ -131,7 +131,7 @@ def test_a_server_that_cannot_start_says_why_in_one_line_and_exits_2(tmp_path, p
         port = holder.getsockname()[1] if problem == "port in use" else free_port()
         args = ["--config", str(config), "--state", str(state), "--port", str(port)]
         done = subprocess.run(
-            [*CLI, "queue", "serve", *args],
+            [*CLI, "queue", "serve", *args, "--allow-jobs-as-root"],
             env={**os.environ, **TOKENS},
             capture_output=True,
             text=True,

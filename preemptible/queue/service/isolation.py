@@ -7,10 +7,12 @@ state folder. So, when the manager runs as root, every queue names the Unix user
 (``run_as = "alice"``), and the runner switches to that user (uid, gid, supplementary groups)
 just before it starts the job; the runner itself stays the manager's, so it can still write the
 job's status and the job cannot kill it. A manager that is not root cannot switch users: it runs
-every job as itself.
+in single-user mode and says so when it starts. The trust model: docs/user-guide/security.md.
 
 What stays private whatever the mode:
 
+- the manager is not dumpable (``prctl(PR_SET_DUMPABLE, 0)``): its ``/proc/<pid>/environ``,
+  ``mem`` and ``fd`` are closed to other processes of its own user;
 - the state folder is the manager's (0700; 0711 when jobs run as other users, so that a job may
   pass through to its own files but not list the folder), and every file in it is 0600: the
   SQLite file with its ``-wal`` and ``-shm``, and the secret;
@@ -22,6 +24,7 @@ What stays private whatever the mode:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pwd
 import stat
@@ -44,6 +47,7 @@ PASSAGE_FOLDER = 0o711
 PRIVATE_FILE = 0o600
 """A file of one user alone: the manager's state, or a job's log (then owned by its user)."""
 
+_PR_SET_DUMPABLE = 4  # <linux/prctl.h>
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -125,6 +129,46 @@ def job_users(config: QueueConfig, *, euid: int | None = None) -> dict[str, JobU
     return users
 
 
+def check_job_users(
+    config: QueueConfig,
+    users: dict[str, JobUser],
+    *,
+    allow_jobs_as_root: bool = False,
+    euid: int | None = None,
+) -> str | None:
+    """Refuse to run a job as root; the warning to log when jobs can read the manager's state.
+
+    Returns:
+        None when every queue's jobs run as a user of their own; else the warning: single-user
+        mode (the manager is not root), or jobs that run as root by ``--allow-jobs-as-root``.
+
+    Raises:
+        ConfigError: The manager is root, a queue has no ``run_as`` and jobs as root are not
+            allowed.
+    """
+    euid = os.geteuid() if euid is None else euid
+    if euid != 0:
+        return (
+            f"single-user mode: jobs run as {manager_user_name(euid)} and can read this "
+            f"manager's state; see {SECURITY_DOC}"
+        )
+    bare = [q.name for q in config.queues if q.name not in users]
+    if not bare:
+        return None
+    names = ", ".join(repr(name) for name in bare)
+    if not allow_jobs_as_root:
+        raise ConfigError(
+            f"the queue manager runs as root and queue(s) {names} have no run_as: their jobs "
+            "would run as root and could read every token and forge any job's; give each queue "
+            f'the Unix user of its team (run_as = "alice", see {SECURITY_DOC}), or start with '
+            "--allow-jobs-as-root on a machine nobody else uses"
+        )
+    return (
+        f"--allow-jobs-as-root: jobs of queue(s) {names} run as root and can read this manager's "
+        f"state and every token; see {SECURITY_DOC}"
+    )
+
+
 def manager_user_name(euid: int | None = None) -> str:
     """The name of the manager's user (its uid when it has no passwd entry)."""
     euid = os.geteuid() if euid is None else euid
@@ -141,6 +185,16 @@ def job_base_environment(manager_env: dict[str, str], user: JobUser) -> dict[str
     if "LANG" in manager_env:
         env["LANG"] = manager_env["LANG"]
     return {**env, **user.environment()}
+
+
+def make_not_dumpable() -> bool:
+    """Close this process's ``/proc/<pid>/environ``, ``mem`` and ``fd`` to the other processes
+    of its user, and to debuggers and core dumps. Returns False where prctl(2) is missing."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def secure_state_dir(state_dir: Path, *, shared: bool) -> None:

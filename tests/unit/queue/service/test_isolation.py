@@ -1,12 +1,15 @@
-"""Whom jobs run as, and what the manager keeps to itself: real passwd entries, real files.
-The switch to another user needs root and is tested where it runs (`test_executor.py`); the
-decisions are tested here for any user, by naming the manager's uid.
+"""Whom jobs run as, and what the manager keeps to itself: real passwd entries, real files,
+real processes. The switch to another user needs root and is tested where it runs
+(`test_executor.py`, `tests/integration/test_run_as.py`); the decisions are tested here for
+any user, by naming the manager's uid.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from preemptible.errors import ConfigError
 from preemptible.queue.core import parse_config
 from preemptible.queue.service.isolation import (
     JobUser,
+    check_job_users,
     job_users,
     secure_state_dir,
 )
@@ -57,6 +61,7 @@ def test_a_user_is_read_from_its_passwd_entry() -> None:
 def test_a_root_manager_switches_to_each_queues_user() -> None:
     users = job_users(config(a="nobody", b="nobody"), euid=0)
     assert users == {"a": JobUser.lookup("nobody"), "b": JobUser.lookup("nobody")}
+    assert check_job_users(config(a="nobody", b="nobody"), users, euid=0) is None
 
 
 def test_a_root_manager_refuses_a_missing_user_and_root_itself() -> None:
@@ -66,11 +71,25 @@ def test_a_root_manager_refuses_a_missing_user_and_root_itself() -> None:
         job_users(config(a="root"), euid=0)
 
 
-def test_a_manager_that_is_not_root_runs_every_job_as_itself() -> None:
+def test_a_root_manager_refuses_a_queue_without_run_as_unless_told() -> None:
+    cfg = config(a="nobody")
+    users = job_users(cfg, euid=0)
+    with pytest.raises(ConfigError, match=r"queue\(s\) 'b' have no run_as.*security.md"):
+        check_job_users(cfg, users, euid=0)
+    warning = check_job_users(cfg, users, allow_jobs_as_root=True, euid=0)
+    assert warning is not None and "jobs of queue(s) 'b' run as root" in warning
+
+
+def test_a_manager_that_is_not_root_runs_every_job_as_itself_and_says_so() -> None:
     # run_as naming the manager's own user needs no switch; any other user needs root.
     assert job_users(config(a="nobody"), euid=NOBODY) == {}
     with pytest.raises(ConfigError, match=r"switching to another user needs root.*as nobody"):
         job_users(config(a="root"), euid=NOBODY)
+    warning = check_job_users(config(), {}, euid=NOBODY)
+    assert warning == (
+        "single-user mode: jobs run as nobody and can read this manager's state; "
+        "see docs/user-guide/security.md"
+    )
 
 
 # --- what the manager keeps to itself ------------------------------------------------------------
@@ -115,3 +134,16 @@ def test_a_leftover_temporary_secret_does_not_lend_the_secret_its_mode(tmp_path:
     (tmp_path / "secret.tmp").chmod(0o644)  # O_CREAT keeps an existing file's mode
     secret = _secret(tmp_path / "secret")
     assert mode(tmp_path / "secret") == 0o600 and (tmp_path / "secret").read_bytes() == secret
+
+
+def test_a_process_made_undumpable_is_so_for_the_kernel() -> None:
+    code = (
+        "import ctypes\n"
+        "from preemptible.queue.service.isolation import make_not_dumpable\n"
+        "libc = ctypes.CDLL(None)\n"
+        "before = libc.prctl(3, 0, 0, 0, 0)\n"  # PR_GET_DUMPABLE
+        "assert make_not_dumpable()\n"
+        "print(before, libc.prctl(3, 0, 0, 0, 0))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["1", "0"]
