@@ -271,6 +271,7 @@ class Server:
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - closed with the process
         argv = [sys.executable, "-m", "preemptible", "queue", "serve"]
         argv += ["--config", str(self.root / "queue.toml"), "--state", str(self.state)]
+        argv.append("--allow-jobs-as-root")  # no-op unless root: then the jobs are ours
         self.proc = subprocess.Popen(
             [*argv, "--port", str(self.port)],
             env={**os.environ, **TOKENS, "PREEMPTIBLE_LOG_LEVEL": "WARNING"},

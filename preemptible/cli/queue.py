@@ -1,6 +1,7 @@
 """`preemptible queue`: run the queue manager, or talk to one over its HTTP API.
 
     preemptible queue serve --config queue.toml [--state DIR] [--host H] [--port N]
+                            [--allow-jobs-as-root]
     preemptible queue submit --queue Q --gpus N [--tier T] [--estimate 2h] ... -- CMD...
     preemptible queue status|why|cancel|events|stats|logs ...
     preemptible queue export --to kueue|slurm queue.toml [-o DIR]
@@ -134,6 +135,13 @@ def serve(
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = DEFAULT_PORT,
+    allow_jobs_as_root: Annotated[
+        bool,
+        typer.Option(
+            help="Run as root although a queue has no run_as: its jobs then run as root and can "
+            "read every token (a machine nobody else uses; docs/user-guide/security.md)."
+        ),
+    ] = False,
 ) -> None:
     """Run the queue manager: schedule, launch and preempt jobs; serve the HTTP API and the
     dashboard (http://HOST:PORT/, signed in with a queue or the admin token)."""
@@ -146,7 +154,8 @@ def serve(
             err=True,
         )
     try:
-        run_server(config, state or _default_state_dir(), host, port)
+        where = state or _default_state_dir()
+        run_server(config, where, host, port, allow_jobs_as_root=allow_jobs_as_root)
     except PreemptibleError as exc:
         _fail(str(exc))
     except OSError as exc:

@@ -24,24 +24,45 @@ def free_port() -> int:
 
 
 class Server:
-    """One `preemptible queue serve` process on `tmp/state`, its output in `tmp/server.log`."""
+    """One `preemptible queue serve` process on `tmp/state`, its output in `tmp/server.log`.
 
-    def __init__(self, tmp: Path, config: str, tokens: dict[str, str], port: int | None = None):
+    Its jobs may run as root when the tests do (CI runs as root): they are the test's own, on a
+    machine no team shares (`allow_jobs_as_root`). `cli`, `env` and `user` start it otherwise:
+    as another Unix user, with an interpreter that user may run.
+    """
+
+    def __init__(
+        self,
+        tmp: Path,
+        config: str,
+        tokens: dict[str, str],
+        port: int | None = None,
+        *,
+        allow_jobs_as_root: bool = True,
+        cli: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+    ):
         self.tmp, self.config, self.tokens = tmp, config, tokens
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.allow_jobs_as_root = allow_jobs_as_root
+        self.cli, self.env, self.user = cli or CLI, env or {}, user
 
     def start(self) -> None:
         config = self.tmp / "queue.toml"
         config.write_text(self.config)
         args = ["--config", str(config), "--state", str(self.tmp / "state")]
+        if self.allow_jobs_as_root:
+            args.append("--allow-jobs-as-root")
         log = open(self.tmp / "server.log", "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
-            [*CLI, "queue", "serve", *args, "--port", str(self.port)],
-            env={**os.environ, **self.tokens},
+            [*self.cli, "queue", "serve", *args, "--port", str(self.port)],
+            env={**os.environ, **self.env, **self.tokens},
             stdout=log,
             stderr=subprocess.STDOUT,
+            user=self.user,
         )
         wait_until(self._answers, "the server to answer", timeout=30, every=0.1, describe=self.log)
 

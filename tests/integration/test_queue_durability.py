@@ -184,6 +184,7 @@ class Soak:
         self.port = self.port or free_port()
         config, state = self.tmp / "queue.toml", self.tmp / "state"
         argv = [*CLI, "queue", "serve", "--config", str(config), "--state", str(state)]
+        argv.append("--allow-jobs-as-root")  # CI runs as root; its jobs are the test's own
         log = open(self.tmp / "server.log", "ab")  # noqa: SIM115 - closed with the process
         with log:
             self.proc = subprocess.Popen(

@@ -169,7 +169,7 @@ def test_a_read_only_state_folder_stops_the_server_in_one_clear_line(tmp_path, t
     try:
         args = ["--config", str(tmp_path / "queue.toml"), "--state", str(tmp_path / "state")]
         done = subprocess.run(
-            [*CLI, "queue", "serve", *args, "--port", str(free_port())],
+            [*CLI, "queue", "serve", *args, "--port", str(free_port()), "--allow-jobs-as-root"],
             env={**os.environ, **TOKENS},
             capture_output=True,
             text=True,

@@ -100,7 +100,7 @@ def test_a_borrower_is_preempted_for_the_lending_queue_and_comes_back(server, tm
 
 def test_a_killed_server_loses_no_job_and_adopts_the_running_one(server, tmp_path):
     with server.client("admin-secret") as admin:
-        running = submit(admin, "a", SAVER, "3", gpus=1, cwd=str(tmp_path))
+        running = submit(admin, "a", SAVER, "10", gpus=1, cwd=str(tmp_path))
         ready(admin, running["id"])
         queued = submit(admin, "b", "print('later')", gpus=2)
     server.kill()  # SIGKILL: no shutdown at all
@@ -133,7 +133,7 @@ def test_a_server_that_cannot_start_says_why_in_one_line_and_exits_2(tmp_path, p
         port = holder.getsockname()[1] if problem == "port in use" else free_port()
         args = ["--config", str(config), "--state", str(state), "--port", str(port)]
         done = subprocess.run(
-            [*CLI, "queue", "serve", *args],
+            [*CLI, "queue", "serve", *args, "--allow-jobs-as-root"],
             env={**os.environ, **TOKENS},
             capture_output=True,
             text=True,
@@ -154,7 +154,7 @@ def test_a_server_that_cannot_start_says_why_in_one_line_and_exits_2(tmp_path, p
 def test_a_second_server_on_the_same_state_folder_exits_2_naming_the_first(server, tmp_path):
     args = ["--config", str(tmp_path / "queue.toml"), "--state", str(tmp_path / "state")]
     done = subprocess.run(
-        [*CLI, "queue", "serve", *args, "--port", str(free_port())],
+        [*CLI, "queue", "serve", *args, "--port", str(free_port()), "--allow-jobs-as-root"],
         env={**os.environ, **TOKENS},
         capture_output=True,
         text=True,
@@ -179,7 +179,7 @@ def test_with_a_relative_state_folder_a_finished_job_is_not_run_again(tmp_path):
 
     def serve() -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
-            [*CLI, "queue", "serve", *args],
+            [*CLI, "queue", "serve", *args, "--allow-jobs-as-root"],
             cwd=tmp_path,
             env={**os.environ, **TOKENS},
             stdout=subprocess.DEVNULL,

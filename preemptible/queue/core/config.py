@@ -23,6 +23,10 @@ from preemptible.queue.core.model import NO_LIMIT, Cluster, Limits, Queue
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
 _RESOURCE_KEYS = ("gpus", "cpus", "memory_gb")
+# A Unix user name (dots and capitals too, as directories such as LDAP have them); the shell
+# checks that the user exists.
+_USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*[$]?$")
+_USER_NAME_MAX = 32
 
 
 def parse_duration(value: Any, *, key: str = "duration") -> float:
@@ -184,6 +188,9 @@ class QueueConfig:
     admin_token: str | None = None
     """`[service] admin_token` as written (e.g. "env:PREEMPTIBLE_ADMIN_TOKEN"); resolved by the
     queue manager, which alone reads the [service] table."""
+    run_as: Mapping[str, str] = field(default_factory=dict)
+    """Queue name -> the Unix user its jobs run as (`run_as = "alice"`); the queue manager
+    looks the user up and switches to it (docs/user-guide/security.md)."""
 
     def queue(self, name: str) -> Queue:
         """The queue called `name`.
@@ -362,8 +369,9 @@ def _parse(data: Mapping[str, Any]) -> QueueConfig:
         raise _Invalid(("queues",), "write each queue as a [[queues]] table")
     queues: list[Queue] = []
     tokens: dict[str, str] = {}
+    run_as: dict[str, str] = {}
     for i, raw in enumerate(raw_queues):
-        queue, token = _queue(raw, i)
+        queue, token, user = _queue(raw, i)
         for j, other in enumerate(queues):
             if other.name == queue.name:
                 raise _Invalid(
@@ -374,6 +382,8 @@ def _parse(data: Mapping[str, Any]) -> QueueConfig:
         queues.append(queue)
         if token is not None:
             tokens[queue.name] = token
+        if user is not None:
+            run_as[queue.name] = user
     if not gpus_auto:
         nominal = sum(q.nominal.gpus for q in queues if q.nominal.gpus != NO_LIMIT)
         if nominal > cluster.gpus:
@@ -390,6 +400,7 @@ def _parse(data: Mapping[str, Any]) -> QueueConfig:
         tokens=tokens,
         gpus_auto=gpus_auto,
         admin_token=_service(data.get("service", {})),
+        run_as=run_as,
     )
 
 
@@ -613,9 +624,10 @@ def _limits(raw: Any, key: Key, *, default: float) -> Limits:
     return Limits(**values)
 
 
-def _queue(raw: Any, index: int) -> tuple[Queue, str | None]:
+def _queue(raw: Any, index: int) -> tuple[Queue, str | None, str | None]:
+    """The queue, its token spec and the user its jobs run as, as written."""
     where: Key = ("queues", index)
-    _only(raw, {"name", "weight", "nominal", "borrowing_limit", "token"}, where)
+    _only(raw, {"name", "weight", "nominal", "borrowing_limit", "token", "run_as"}, where)
     name = raw.get("name")
     if name is None:
         raise _Invalid((*where, "name"), "missing; every queue needs a `name`", missing=True)
@@ -627,6 +639,14 @@ def _queue(raw: Any, index: int) -> tuple[Queue, str | None]:
     token = raw.get("token")
     if token is not None and not isinstance(token, str):
         raise _Invalid((*where, "token"), "expected a string such as 'env:TEAM_A_TOKEN'")
+    user = raw.get("run_as")
+    if user is not None and (
+        not isinstance(user, str) or not _USER_NAME.match(user) or len(user) > _USER_NAME_MAX
+    ):
+        raise _Invalid(
+            (*where, "run_as"),
+            f"expected the name of a Unix user such as 'alice', got {user!r}",
+        )
     queue = Queue(
         name=name,
         weight=weight,
@@ -635,7 +655,7 @@ def _queue(raw: Any, index: int) -> tuple[Queue, str | None]:
             raw.get("borrowing_limit"), (*where, "borrowing_limit"), default=NO_LIMIT
         ),
     )
-    return queue, token
+    return queue, token, user
 
 
 def _fields(obj: Any) -> dict[str, Any]:

@@ -29,11 +29,18 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import IO, Any, BinaryIO, NamedTuple, TypeVar
 
 from preemptible._env_names import PREFIX as MANAGER_ONLY_PREFIX
 from preemptible.errors import QueueError, StateStoreError
 from preemptible.queue.service import runner
+from preemptible.queue.service.isolation import (
+    PASSAGE_FOLDER,
+    PRIVATE_FILE,
+    PRIVATE_FOLDER,
+    JobUser,
+    job_base_environment,
+)
 
 _T = TypeVar("_T")
 
@@ -64,6 +71,11 @@ class LaunchSpec:
     """Receives stdout and stderr of this attempt, appended."""
     status_path: Path
     """Where the runner writes the exit status; one per attempt (a leftover one is removed)."""
+    run_as: JobUser | None = None
+    """The user the job runs as (the runner switches to it); None: the manager's own user. The
+    job then starts from a clean environment (``PATH``, ``LANG``, who it is), not the manager's."""
+    own_dir: Path | None = None
+    """A folder made the job's own (its user's, 0700): its cost file is written there."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -186,21 +198,27 @@ class ProcessExecutor:
                 f"cannot start {what}: its working directory {spec.cwd!r} does not exist; "
                 "create it or submit the job with another cwd"
             )
+        env = self._job_env(spec)
+        # A job of another user: its variables go to the runner on stdin, never into the
+        # environment of the runner, which keeps the manager's privileges (see runner.py).
+        switch = [] if spec.run_as is None else ["--as", spec.run_as.runner_ids()]
         try:
+            log = _open_job_files(spec)
             _prepare_status_path(spec.status_path)
-            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(spec.log_path, "ab") as log:
+            with log:
                 process = subprocess.Popen(
-                    [*RUNNER_ARGV, "--status", str(spec.status_path), "--", *spec.command],
-                    cwd=spec.cwd,
-                    env=self._job_env(spec),
-                    stdin=subprocess.DEVNULL,
+                    [*RUNNER_ARGV, "--status", str(spec.status_path), *switch, "--", *spec.command],
+                    cwd=_working_directory(spec),
+                    env=env if spec.run_as is None else {},
+                    stdin=subprocess.DEVNULL if spec.run_as is None else subprocess.PIPE,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
         except OSError as error:
             raise QueueError(f"cannot start {what}: {error}") from error
+        if process.stdin is not None:
+            _hand_environment(process.stdin, env)
         # Our unreaped child cannot vanish from /proc, so this read cannot race with its exit.
         try:
             stat = _read_proc_stat(process.pid)
@@ -256,8 +274,9 @@ class ProcessExecutor:
             return True
 
     def _job_env(self, spec: LaunchSpec) -> dict[str, str]:
+        user = spec.run_as
         return {
-            **self._base_env,
+            **(self._base_env if user is None else job_base_environment(self._base_env, user)),
             **spec.env,
             # The manager's GPU numbers are nvidia-smi's; CUDA's default order may differ.
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -353,6 +372,59 @@ def _warn_unreadable(error: ProcUnreadableError) -> None:
     if now - _warned_unreadable >= 60.0:
         _warned_unreadable = now
         log.warning("%s; the job is taken as still running until /proc can be read", error)
+
+
+def _hand_environment(pipe: IO[bytes], env: Mapping[str, str]) -> None:
+    """Write the job's environment to its runner's stdin, as the runner reads it."""
+    data = b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in env.items())
+    # A runner that died before reading it reports its own exit; there is nothing to add.
+    with contextlib.suppress(OSError), pipe:
+        pipe.write(data)
+
+
+def _open_job_files(spec: LaunchSpec) -> BinaryIO:
+    """Make the attempt's folders and open its log for appending.
+
+    A folder made here is the manager's: 0711 for a job of another user (it passes through to
+    its files but neither lists nor writes the folder), else 0700. The log is 0600 and its
+    user's. Nothing here follows a link: the manager may be root.
+    """
+    user = spec.run_as
+    for folder in (spec.log_path.parent, spec.status_path.parent):
+        _make_folder(folder, PRIVATE_FOLDER if user is None else PASSAGE_FOLDER)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(spec.log_path, flags, PRIVATE_FILE)
+    try:
+        if user is not None:
+            os.fchown(fd, user.uid, user.gid)
+        os.fchmod(fd, PRIVATE_FILE)
+        if spec.own_dir is not None:
+            _make_folder(spec.own_dir, PRIVATE_FOLDER)
+            if user is not None:
+                os.chown(spec.own_dir, user.uid, user.gid, follow_symlinks=False)
+    except OSError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab")
+
+
+def _make_folder(folder: Path, mode: int) -> None:
+    """Create ``folder`` (and its parents) with ``mode`` whatever the umask; one that exists is
+    left as it is (`isolation.secure_state_dir` sets the modes of those at start)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(mode=mode)
+    except FileExistsError:
+        return
+    os.chmod(folder, mode)
+
+
+def _working_directory(spec: LaunchSpec) -> str | None:
+    """The job's ``cwd``; without one, a job of another user starts in its home (or in ``/``
+    when it has none), never in the manager's folder."""
+    if spec.cwd is not None or spec.run_as is None:
+        return spec.cwd
+    return spec.run_as.home if os.path.isdir(spec.run_as.home) else "/"
 
 
 def _read_proc_stat(pid: int) -> _ProcStat | None:

@@ -21,7 +21,7 @@ import secrets
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from preemptible.queue.service.executor import (
     ProcessExecutor,
 )
 from preemptible.queue.service.history import SignalHistory, SignalSample
+from preemptible.queue.service.isolation import JOBS_FOLDER, PRIVATE_FILE, JobUser
 from preemptible.queue.service.metrics import DurationHistogram
 from preemptible.queue.service.records import JobRecord
 from preemptible.queue.service.recovery import recover
@@ -94,6 +95,7 @@ class QueueManager:
         clock: Callable[[], float] | None = None,
         poll_s: float = 0.2,
         cycle_every_s: float = 1.0,
+        users: Mapping[str, JobUser] | None = None,
     ):
         state_dir = Path(state_dir).absolute()  # jobs and their runners run in other folders
         self.config = config
@@ -114,10 +116,11 @@ class QueueManager:
             self.shell,
             executor,
             url=url,
-            log_dir=Path(state_dir) / "jobs",
+            log_dir=Path(state_dir) / JOBS_FOLDER,
             job_token=self._job_token,
             renegotiate=self._negotiate,
             changed=self.changed,
+            users=users,
         )
         self.default_reason = "pending: waiting for the next cycle"
         self.cycle_seconds: deque[float] = deque(maxlen=1000)
@@ -572,7 +575,8 @@ def _secret(path: Path) -> bytes:
         pass
     secret = secrets.token_bytes(32)
     tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, PRIVATE_FILE)
+    os.fchmod(fd, PRIVATE_FILE)  # a leftover temp file keeps its mode through O_CREAT
     with os.fdopen(fd, "wb") as f:
         f.write(secret)
         f.flush()

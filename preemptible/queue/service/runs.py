@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from preemptible.queue.scheduler_loop import Leaving, Shell
 from preemptible.queue.service.book import JobBook
 from preemptible.queue.service.crash_points import crash_point
 from preemptible.queue.service.executor import Exit, ExitKind, LaunchSpec, ProcessExecutor
+from preemptible.queue.service.isolation import JobUser
 from preemptible.queue.service.records import JobRecord, SentNotice
 from preemptible.queue.service.views import JobState
 
@@ -57,6 +58,7 @@ class JobRuns:
         job_token: Callable[[str], str],
         renegotiate: Renegotiate,
         changed: threading.Condition,
+        users: Mapping[str, JobUser] | None = None,
     ):
         self.config = config
         self.book = book
@@ -67,6 +69,8 @@ class JobRuns:
         self.job_token = job_token
         self.renegotiate = renegotiate
         self.changed = changed
+        self.users = dict(users or {})
+        """Queue name -> the user its jobs run as; a queue not here runs them as the manager."""
         self.free_gpus = set(range(config.cluster.gpus))
         self.admissions: Counter[str] = Counter()
         self.preemption_counts: Counter[tuple[str, str]] = Counter()
@@ -126,11 +130,10 @@ class JobRuns:
                 JOB_ID_ENV: record.id,
                 TOKEN_ENV: self.job_token(record.id),
                 GRACE_ENV: f"{record.grace_s:g}",
-                COST_FILE_ENV: str(self.attempt_path(record.id, 0, "cost.json")),
+                COST_FILE_ENV: str(self.attempt_path(record.id, 0, "cost") / "cost.json"),
                 ATTEMPT_ENV: str(k),
             }
         )
-        self.attempt_path(record.id, k, "log").parent.mkdir(parents=True, exist_ok=True)
         return LaunchSpec(
             job_id=record.id,
             attempt=k,
@@ -140,10 +143,13 @@ class JobRuns:
             gpu_ids=list(record.gpu_ids),
             log_path=self.attempt_path(record.id, k, "log"),
             status_path=self.attempt_path(record.id, k, "status"),
+            run_as=self.users.get(record.queue),
+            own_dir=self.attempt_path(record.id, 0, "cost"),
         )
 
     def attempt_path(self, job_id: str, attempt: int, what: str) -> Path:
-        """A file of one attempt (attempt 0: of the job, such as its cost file)."""
+        """A file of one attempt (attempt 0: of the job, such as the folder of its cost file,
+        the only one the job may write)."""
         if attempt == 0:
             return self.log_dir / job_id / what
         return self.log_dir / job_id / f"attempt-{attempt}.{what}"

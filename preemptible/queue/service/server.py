@@ -22,6 +22,13 @@ from preemptible._env_names import LOG_LEVEL_ENV
 from preemptible.errors import ConfigError
 from preemptible.queue.core import QueueConfig, parse_config_text
 from preemptible.queue.service.executor import ProcessExecutor
+from preemptible.queue.service.isolation import (
+    JobUser,
+    check_job_users,
+    job_users,
+    make_not_dumpable,
+    secure_state_dir,
+)
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.store import Store
 
@@ -65,25 +72,57 @@ def check_port(host: str, port: int) -> None:
 
 
 def build_manager(
-    config: QueueConfig, state_dir: Path, *, url: str, executor: ProcessExecutor | None = None
+    config: QueueConfig,
+    state_dir: Path,
+    *,
+    url: str,
+    executor: ProcessExecutor | None = None,
+    users: dict[str, JobUser] | None = None,
 ) -> QueueManager:
-    """A manager on the state directory (recovered from it), not started yet."""
+    """A manager on the state directory (recovered from it), not started yet.
+
+    Args:
+        users: Queue name -> the user its jobs run as; default: the config's ``run_as``.
+
+    Raises:
+        ConfigError: A ``run_as`` user does not exist or cannot be switched to.
+        StateStoreError: The state directory cannot be created, secured or read.
+    """
+    if users is None:
+        users = job_users(config)
+    secure_state_dir(Path(state_dir), shared=bool(users))
     store = Store(state_dir)
     if executor is None:
         executor = ProcessExecutor(exclude=secret_variables(config))
-    return QueueManager(config, store, executor, state_dir=state_dir, url=url)
+    return QueueManager(config, store, executor, state_dir=state_dir, url=url, users=users)
 
 
-def run_server(config_path: Path, state_dir: Path, host: str, port: int) -> None:
-    """Serve until interrupted. Raises PreemptibleError (one line to show) for bad set-ups."""
+def run_server(
+    config_path: Path, state_dir: Path, host: str, port: int, *, allow_jobs_as_root: bool = False
+) -> None:
+    """Serve until interrupted. Raises PreemptibleError (one line to show) for bad set-ups.
+
+    Args:
+        allow_jobs_as_root: A manager that runs as root starts although a queue has no
+            ``run_as``, and that queue's jobs run as root (docs/user-guide/security.md).
+    """
     from preemptible.queue.service.app import create_app
 
+    # First: from here on, no other process of this user reads our environ, memory or fds.
+    dumpable = not make_not_dumpable()
     config = load_config(config_path)
+    users = job_users(config)
+    warning = check_job_users(config, users, allow_jobs_as_root=allow_jobs_as_root)
     check_port(host, port)
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    manager = build_manager(config, Path(state_dir), url=url)
+    manager = build_manager(config, Path(state_dir), url=url, users=users)
     app = create_app(manager)
     logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"))
+    log = logging.getLogger("preemptible.queue")
+    if warning is not None:
+        log.warning("%s", warning)
+    if dumpable:
+        log.warning("cannot make this process undumpable (no prctl): its user can read its memory")
     server = _StoppingServer(
         uvicorn.Config(
             app,
@@ -97,7 +136,7 @@ def run_server(config_path: Path, state_dir: Path, host: str, port: int) -> None
     )
     _quiet_garbage_collector()
     manager.start()
-    logging.getLogger("preemptible.queue").info(
+    log.info(
         "serving on %s: the dashboard at %s/ (sign in with a queue or the admin token), "
         "the API under %s/v1",
         url,

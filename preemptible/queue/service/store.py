@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import sqlite3
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,7 +65,7 @@ class Store:
         state_dir = Path(state_dir).absolute()
         self.path = state_dir / FILE_NAME
         try:
-            state_dir.mkdir(parents=True, exist_ok=True)
+            state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
             raise StateStoreError(
                 f"cannot create the state directory {state_dir}: {exc.strerror or exc}; "
@@ -81,8 +82,11 @@ class Store:
     def _open(self) -> sqlite3.Connection:
         existed = self.path.exists()
         try:
+            _private(self.path)  # before SQLite: its -wal and -shm take the file's mode
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
+            for suffix in ("-wal", "-shm"):  # left by an older version with another mode
+                _private(self.path.with_name(self.path.name + suffix), create=False)
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA busy_timeout=5000")
             version = self._version(db) if existed else None
@@ -351,3 +355,22 @@ def _lock_folder(state_dir: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _private(path: Path, *, create: bool = True) -> None:
+    """Make ``path`` readable and writable by the manager alone (0600): the file holds every
+    job's environment. Created empty when missing and ``create`` (SQLite takes an empty file
+    for an empty database)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        if create:
+            raise
+        return
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode) and stat.S_IMODE(mode) != 0o600:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)

@@ -35,6 +35,7 @@ weight = 2.0
 nominal = { gpus = 8 }
 borrowing_limit = { gpus = 4 }
 token = "env:TEAM_A_TOKEN"
+run_as = "alice"
 [[queues]]
 name = "team-b"
 nominal = { gpus = 8, cpus = 16 }
@@ -83,6 +84,7 @@ def test_full_config_parses_every_key():
     a = cfg.queue("team-a")
     assert a.weight == 2.0 and a.nominal.gpus == 8 and a.borrowing_limit.gpus == 4
     assert cfg.tokens == {"team-a": "env:TEAM_A_TOKEN"}
+    assert cfg.run_as == {"team-a": "alice"}  # looked up by the queue manager, not here
     b = cfg.queue("team-b")
     assert b.nominal.cpus == 16 and b.borrowing_limit.gpus == float("inf")
 

@@ -66,6 +66,7 @@ def two_queues(second: str) -> str:
             "greater than 0",
         ),
         (two_queues("[[queues]]\nname = 'b'\ntoken = 5\n"), 7, "queues[1].token", "a string"),
+        (two_queues("[[queues]]\nname = 'b'\nrun_as = '-x'\n"), 7, "queues[1].run_as", "Unix user"),
         (two_queues("\n[[queues]]\nname = 'a'\n"), 7, "queues[1].name", "used twice"),
         (
             two_queues("[[queues]]\nname = 'b'\nnominal = { gpus = 6 }\n").replace(
@@ -101,6 +102,7 @@ def two_queues(second: str) -> str:
         "sub-table",
         "zero-weight",
         "token-not-a-string",
+        "run-as-not-a-user-name",
         "duplicate-name",
         "overcommitted",
         "top-level-typo",

@@ -37,7 +37,7 @@ from .fake_manager import (
 )
 
 TOKENS = resolve_tokens(make_config(), ENVIRON)
-ServerCalls = list[tuple[Path, Path, str, int]]
+ServerCalls = list[tuple[Path, Path, str, int, bool]]
 
 
 class RunCli(Protocol):
@@ -454,8 +454,10 @@ def fake_server(monkeypatch: pytest.MonkeyPatch) -> ServerCalls:
     calls: ServerCalls = []
     module = types.ModuleType("preemptible.queue.service.server")
 
-    def run_server(config_path: Path, state_dir: Path, host: str, port: int) -> None:
-        calls.append((config_path, state_dir, host, port))
+    def run_server(
+        config_path: Path, state_dir: Path, host: str, port: int, *, allow_jobs_as_root: bool
+    ) -> None:
+        calls.append((config_path, state_dir, host, port, allow_jobs_as_root))
         if "broken" in str(config_path):
             raise ConfigError("queues[0].nominal: expected a table")
 
@@ -471,7 +473,10 @@ def test_serve_passes_its_options_to_run_server(fake_server: ServerCalls, tmp_pa
         app, ["serve", "--config", str(config), "--state", str(tmp_path / "st"), "--port", "9100"]
     )
     assert result.exit_code == 0, result.output
-    assert fake_server == [(config, tmp_path / "st", "127.0.0.1", 9100)]
+    assert fake_server == [(config, tmp_path / "st", "127.0.0.1", 9100, False)]
+    result = CliRunner().invoke(app, ["serve", "--config", str(config), "--allow-jobs-as-root"])
+    assert result.exit_code == 0, result.output
+    assert fake_server[1][4] is True
 
 
 def test_serve_defaults_the_state_to_the_users_data_folder(
@@ -481,7 +486,7 @@ def test_serve_defaults_the_state_to_the_users_data_folder(
     config = tmp_path / "queue.toml"
     config.write_text("")
     assert CliRunner().invoke(app, ["serve", "--config", str(config)]).exit_code == 0
-    (_, state_dir, host, port) = fake_server[0]
+    (_, state_dir, host, port, _) = fake_server[0]
     assert (host, port) == ("127.0.0.1", 8470)
     assert state_dir.name == "queue" and state_dir.parent.name == "preemptible"
 

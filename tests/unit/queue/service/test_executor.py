@@ -11,6 +11,7 @@ import json
 import os
 import resource
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -29,7 +30,9 @@ from preemptible.queue.service.executor import (
     ProcessExecutor,
     ProcessHandle,
 )
+from preemptible.queue.service.isolation import JobUser
 from tests.polling import wait_until
+from tests.unix_users import NEEDS_ROOT, made_users
 
 _T = TypeVar("_T")
 
@@ -304,6 +307,109 @@ def test_stdout_and_stderr_are_appended_to_the_log_in_the_jobs_cwd(jobs: Jobs) -
         assert jobs.wait_exit(jobs.python(code, cwd=str(attempt_cwd))).exit_code == 0
 
     assert jobs.log().splitlines() == [f"out {jobs.workdir}", "err", f"out {elsewhere}", "err"]
+
+
+# --- whom the job runs as, and its files ------------------------------------------------------
+
+
+def mode_and_owner(path: Path) -> tuple[int, int]:
+    st = os.lstat(path)
+    return stat.S_IMODE(st.st_mode), st.st_uid
+
+
+def test_the_attempts_files_are_the_managers_alone_whatever_the_umask(jobs: Jobs) -> None:
+    old_umask = os.umask(0o022)
+    try:
+        handle = jobs.python("print('out')", own_dir=jobs.workdir / "logs" / "cost")
+    finally:
+        os.umask(old_umask)
+
+    assert jobs.wait_exit(handle).exit_code == 0
+    me = os.geteuid()
+    assert mode_and_owner(jobs.workdir / "logs") == (0o700, me)
+    assert mode_and_owner(jobs.workdir / "logs" / "j1.1.log") == (0o600, me)
+    assert mode_and_owner(jobs.workdir / "logs" / "cost") == (0o700, me)
+    assert mode_and_owner(jobs.workdir / "status" / "j1.1.json") == (0o600, me)
+
+
+@pytest.fixture(scope="module")
+def job_user() -> Iterator[JobUser]:
+    with made_users(1) as (user,):
+        yield JobUser.lookup(user.name)
+
+
+WHO = 'echo "$(id -u) $(id -g) $(id -G)"; echo "$HOME $USER $LOGNAME $PWD"; env | sort'
+
+
+@NEEDS_ROOT
+def test_a_job_of_another_user_runs_as_it_from_a_clean_environment(
+    jobs: Jobs, job_user: JobUser
+) -> None:
+    base = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "MANAGERS": "never seen"}
+    jobs.executor = ProcessExecutor(base_env=base)
+    own = jobs.workdir / "logs" / "cost"
+
+    handle = jobs.start(
+        ["sh", "-c", WHO], cwd=None, run_as=job_user, own_dir=own, env={"MINE": "1"}
+    )
+
+    assert jobs.wait_exit(handle).exit_code == 0
+    ids, where, *env = jobs.log().splitlines()
+    groups = " ".join(str(g) for g in job_user.groups)
+    assert ids.split(" ", 2) == [str(job_user.uid), str(job_user.gid), groups]
+    home = job_user.home if os.path.isdir(job_user.home) else "/"
+    assert where == f"{job_user.home} {job_user.name} {job_user.name} {home}"
+    names = {line.split("=", 1)[0] for line in env}
+    assert names - {"PWD", "SHLVL", "_"} == {
+        "PATH", "LANG", "HOME", "USER", "LOGNAME", "MINE", "CUDA_DEVICE_ORDER",
+        "CUDA_VISIBLE_DEVICES",
+    }  # fmt: skip
+    # The folders are the manager's, the job passes through; the log and the cost folder its.
+    assert mode_and_owner(jobs.workdir / "logs") == (0o711, 0)
+    assert mode_and_owner(jobs.workdir / "logs" / "j1.1.log") == (0o600, job_user.uid)
+    assert mode_and_owner(own) == (0o700, job_user.uid)
+    assert mode_and_owner(jobs.workdir / "status" / "j1.1.json") == (0o600, 0)
+
+
+@NEEDS_ROOT
+def test_the_jobs_variables_never_reach_its_runner_which_keeps_the_managers_privileges(
+    jobs: Jobs, job_user: JobUser
+) -> None:
+    # LD_LIBRARY_PATH, LD_PRELOAD...: in the runner's environment they would run the team's
+    # code with the manager's privileges.
+    env = {"LD_LIBRARY_PATH": "/nonexistent", "MINE": "1"}
+    code = 'echo "$LD_LIBRARY_PATH $MINE"; echo ready; exec sleep 30'
+    handle = jobs.start(["sh", "-c", code], cwd=None, run_as=job_user, env=env)
+
+    wait_for(lambda: "ready" in jobs.log(), "the job to start")
+    runner_env = Path(f"/proc/{handle.pid}/environ").read_bytes()
+    assert b"LD_LIBRARY_PATH" not in runner_env and b"MINE" not in runner_env
+    assert jobs.log().splitlines()[0] == "/nonexistent 1"
+
+
+@NEEDS_ROOT
+def test_a_working_directory_the_user_may_not_enter_fails_with_the_reason(
+    jobs: Jobs, job_user: JobUser
+) -> None:
+    private = jobs.workdir / "private"
+    private.mkdir(mode=0o700)
+
+    ended = jobs.wait_exit(jobs.start(["true"], cwd=str(private), run_as=job_user))
+
+    assert ended.exit_code == 126
+    assert ended.error is not None
+    assert f"cannot enter {private} as uid {job_user.uid}: Permission denied" in ended.error
+
+
+@NEEDS_ROOT
+def test_a_job_of_another_user_cannot_kill_its_runner(jobs: Jobs, job_user: JobUser) -> None:
+    kill = "kill -KILL $PPID 2>/dev/null && echo killed || echo refused"
+    handle = jobs.start(["sh", "-c", kill], cwd=None, run_as=job_user)
+
+    ended = jobs.wait_exit(handle)
+
+    assert jobs.log() == "refused\n"
+    assert ended.how is ExitKind.EXITED and ended.exit_code == 0  # the runner wrote the status
 
 
 # --- after a manager restart -------------------------------------------------------------------
