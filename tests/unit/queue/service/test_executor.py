@@ -446,9 +446,53 @@ def test_the_runner_without_a_command_prints_usage_and_exits_2(tmp_path: Path) -
     assert "usage:" in done.stderr
 
 
-def test_the_runner_imports_nothing_heavy(tmp_path: Path) -> None:
+def test_the_runner_refuses_to_run_a_command_outside_the_cgroup_it_was_given(
+    tmp_path: Path,
+) -> None:
+    status = tmp_path / "status.json"
+    argv = [PY, "-I", "-S", runner.__file__, "--status", str(status)]
+    argv += ["--cgroup", str(tmp_path / "no-such-cgroup"), "--", "touch", "ran"]
+
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=WAIT_SECS, check=False)
+
+    assert done.returncode == runner.EXIT_NOT_EXECUTABLE
+    assert "cannot join the job's cgroup" in done.stderr
+    assert "cannot join the job's cgroup" in json.loads(status.read_text())["error"]
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_subreaper_runner_writes_the_status_once_nothing_the_command_left_is_alive(
+    tmp_path: Path,
+) -> None:
+    # The command leaves a process that called setsid and is no child of anyone it knows.
+    status = tmp_path / "status.json"
+    orphan = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        open('orphan', 'w').write(f'{os.getpid()}\\n')\n"
+        "        time.sleep(120)\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+        "while not os.path.exists('orphan'):\n"
+        "    time.sleep(0.005)\n"
+    )
+    argv = [PY, "-I", "-S", runner.__file__, "--status", str(status), "--subreaper"]
+
+    done = subprocess.run(
+        [*argv, "--", PY, "-c", orphan], cwd=tmp_path, timeout=WAIT_SECS, check=False
+    )
+
+    assert done.returncode == 0 and json.loads(status.read_text())["exit_code"] == 0
+    left = read_pid(tmp_path / "orphan")
+    assert left is not None and proc_state(left) is None  # killed, and reaped by the runner
+
+
+@pytest.mark.parametrize("options", [[], ["--subreaper"]], ids=["group", "subreaper"])
+def test_the_runner_imports_nothing_heavy(tmp_path: Path, options: list[str]) -> None:
     argv = [PY, "-X", "importtime", "-I", "-S", runner.__file__]
-    argv += ["--status", str(tmp_path / "s.json"), "--", "true"]
+    argv += ["--status", str(tmp_path / "s.json"), *options, "--", "true"]
 
     done = subprocess.run(argv, capture_output=True, text=True, timeout=WAIT_SECS, check=True)
 
