@@ -132,7 +132,6 @@ def offered(mechanism: Mechanism) -> containment.Containment:
 
 
 CONTAINED = [m for m in Mechanism if m is not Mechanism.PROCESS_GROUP]
-CGROUPS = [m for m in Mechanism if m.is_cgroup]
 
 
 def executor_with(mechanism: Mechanism) -> ProcessExecutor:
@@ -366,48 +365,45 @@ def test_an_attempt_has_ended_only_once_no_process_of_it_is_left(contained: Jobs
 
 
 def test_kill_ends_a_job_whose_processes_keep_forking_away(tmp_path: Path) -> None:
-    # Each generation forks the next and exits: its pid is never the same for long. A cgroup
-    # freezes it (or refuses it new processes) before it signals; a scan of /proc cannot.
-    marker = str(tmp_path)
+    # Each generation forks the next and exits: no pid lives for more than a millisecond or
+    # so, too short for a scan of /proc to find. A cgroup freezes it (or refuses it new
+    # processes) before it signals; a subreaper runner kills each generation the moment it is
+    # orphaned, from the kernel's list of its children. Each generation writes its number to
+    # 'beat', which stops once the chain is dead.
     chain = (
-        "import os, sys, time\n"
+        "import os, time\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
-        "    deadline = time.time() + 30\n"
+        "    deadline, n = time.time() + 30, 0\n"
         "    while time.time() < deadline:\n"
         "        if os.fork():\n"
         "            os._exit(0)\n"
+        "        n += 1\n"
+        "        open('beat.tmp', 'w').write(str(n))\n"
+        "        os.replace('beat.tmp', 'beat')\n"
         "        time.sleep(0.001)\n"
         "    os._exit(0)\n"
+        "while not os.path.exists('beat'):\n"
+        "    time.sleep(0.005)\n"
         "open('ready', 'w').close()\n"
         "time.sleep(120)\n"
     )
-    for mechanism in CGROUPS:
+    for mechanism in CONTAINED:
         if not offered(mechanism).available:
             continue
         jobs = Jobs(tmp_path, ProcessExecutor(containment=offered(mechanism)))
-        handle = jobs.start([PY, "-c", chain, marker])
+        handle = jobs.python(chain)
         wait_for_file(tmp_path / "ready")
-        time.sleep(0.05)  # a few hundred generations
+        wait_for(lambda: int((tmp_path / "beat").read_text()) > 20, "twenty generations")
 
         jobs.executor.kill(handle)
 
         assert jobs.wait_exit(handle).signal == signal.SIGKILL, mechanism
-        assert not processes_with(marker), mechanism
-        (tmp_path / "ready").unlink()
-
-
-def processes_with(marker: str) -> list[int]:
-    """Live processes with `marker` among their arguments."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if marker.encode() in argv and entry.name.isdigit() and not gone(int(entry.name)):
-            found.append(int(entry.name))
-    return found
+        last = (tmp_path / "beat").read_text()
+        time.sleep(0.2)  # a live chain makes a hundred generations meanwhile
+        assert (tmp_path / "beat").read_text() == last, f"{mechanism}: the chain lives on"
+        for made in ("ready", "beat", "beat.tmp"):
+            (tmp_path / made).unlink(missing_ok=True)
 
 
 def test_a_missing_command_exits_127_with_the_reason_in_the_exit_and_the_log(jobs: Jobs) -> None:
@@ -581,11 +577,6 @@ def test_a_new_executor_reaches_every_process_of_an_adopted_job(
     restarted = Jobs(tmp_path, ProcessExecutor(containment=Mechanism.PROCESS_GROUP))
     restarted.started.append(handle)  # killed at the end whatever happens
     try:
-        # The handle says how the attempt is contained, whatever the new executor would choose.
-        assert (handle.cgroup is not None, handle.subreaper) == (
-            mechanism.is_cgroup,
-            mechanism is Mechanism.SUBREAPER,
-        )
         restarted.executor.terminate(handle)
         wait_for_file(tmp_path / "main-got-term")
         assert restarted.executor.poll(handle) is None and not gone(holder)
@@ -594,6 +585,11 @@ def test_a_new_executor_reaches_every_process_of_an_adopted_job(
 
         assert restarted.wait_exit(handle).signal in (signal.SIGKILL, None)
         assert gone(holder)
+        # The handle said how the attempt is contained, whatever the new executor would choose.
+        assert (handle.cgroup is not None, handle.subreaper) == (
+            mechanism.is_cgroup,
+            mechanism is Mechanism.SUBREAPER,
+        )
     finally:
         if not gone(holder):
             os.kill(holder, signal.SIGKILL)
