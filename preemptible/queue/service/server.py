@@ -97,7 +97,9 @@ def run_server(config_path: Path, state_dir: Path, host: str, port: int) -> None
     )
     _quiet_garbage_collector()
     manager.start()
-    logging.getLogger("preemptible.queue").info(
+    log = logging.getLogger("preemptible.queue")
+    log.info("job containment in force: %s", manager.executor.containment.why)
+    log.info(
         "serving on %s: the dashboard at %s/ (sign in with a queue or the admin token), "
         "the API under %s/v1",
         url,
