@@ -42,7 +42,7 @@ from preemptible._env_names import PREFIX as MANAGER_ONLY_PREFIX
 from preemptible.errors import QueueError, StateStoreError
 from preemptible.queue.service import containment as containment_module
 from preemptible.queue.service import runner
-from preemptible.queue.service.containment import Containment, Mechanism
+from preemptible.queue.service.containment import CGROUP_DIR, Containment, Mechanism
 
 _T = TypeVar("_T")
 
@@ -87,6 +87,16 @@ class ProcessHandle:
     """The attempt's own cgroup (every process of it is listed there); None when it has none."""
     subreaper: bool = False
     """Whether the runner is a child subreaper (every process of the attempt descends from it)."""
+
+    def __post_init__(self) -> None:
+        # Every process listed in this cgroup is signalled and killed: never take a cgroup that
+        # is not an attempt's (a corrupt state file naming a hierarchy's root) for one.
+        if self.cgroup is not None and Path(self.cgroup).parent.name != CGROUP_DIR:
+            raise StateStoreError(
+                f"a stored process handle is unreadable: it names {self.cgroup!r}, which is "
+                f"not the cgroup of a job attempt (those are in a folder named {CGROUP_DIR!r}); "
+                "check that the job's processes are gone, then requeue or cancel the job"
+            )
 
     def to_json(self) -> str:
         """The handle as a JSON object, to store in the manager's database."""

@@ -631,7 +631,9 @@ def test_a_recycled_pid_is_not_alive_is_lost_and_is_never_signalled(tmp_path: Pa
 
 def test_a_handle_round_trips_through_json_and_garbage_is_refused() -> None:
     handle = ProcessHandle(pid=4242, start_ticks=987654, status_path="/state/j1.1.json")
-    in_cgroup = ProcessHandle(pid=1, start_ticks=2, status_path="s", cgroup="/sys/fs/cgroup/x")
+    in_cgroup = ProcessHandle(
+        pid=1, start_ticks=2, status_path="s", cgroup="/sys/fs/cgroup/preemptible/j1-1-abc123"
+    )
     under_subreaper = ProcessHandle(pid=1, start_ticks=2, status_path="s", subreaper=True)
     stored_before_containment = (
         '{"pid": 4242, "start_ticks": 987654, "status_path": "/state/j1.1.json"}'
@@ -645,6 +647,8 @@ def test_a_handle_round_trips_through_json_and_garbage_is_refused() -> None:
         "[]",
         '{"pid": "4242", "start_ticks": 1, "status_path": "x"}',
         '{"pid": 1, "start_ticks": 1, "status_path": "x", "subreaper": 1}',
+        # Not an attempt's cgroup: every process of this one would be killed.
+        '{"pid": 1, "start_ticks": 1, "status_path": "x", "cgroup": "/sys/fs/cgroup"}',
     ]:
         with pytest.raises(StateStoreError, match="process handle is unreadable"):
             ProcessHandle.from_json(garbage)
