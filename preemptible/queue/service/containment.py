@@ -288,6 +288,13 @@ def signal_cgroup(cgroup: str, signum: int) -> None:
             runner.write_control(cgroup, *thaw)
 
 
+def thaw(cgroup: str) -> None:
+    """Thaw the cgroup if it is frozen (a manager that died between a freeze and its thaw)."""
+    with contextlib.suppress(OSError):
+        runner.write_control(cgroup, "cgroup.freeze", "0")
+        runner.write_control(cgroup, "freezer.state", "THAWED")
+
+
 def remove_cgroup(cgroup: str) -> None:
     """Remove an attempt's cgroup once empty; a cgroup already gone is fine."""
     with contextlib.suppress(OSError):

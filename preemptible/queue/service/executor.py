@@ -290,6 +290,13 @@ class ProcessExecutor:
         """
         self._signal(handle, signal.SIGKILL)
 
+    def adopt(self, handle: ProcessHandle) -> None:
+        """Take back an attempt found running after a restart of the manager: its cgroup is
+        thawed, in case the last manager died between freezing it for a signal and thawing it
+        (the job would otherwise hang, holding its GPUs, until it is told to go)."""
+        if handle.cgroup is not None:
+            containment_module.thaw(handle.cgroup)
+
     def alive(self, handle: ProcessHandle) -> bool:
         """Whether the handle's runner still runs: same pid and start time, not a zombie."""
         return self._runner_state(handle) is _RunnerState.RUNNING

@@ -52,6 +52,7 @@ def _readopt(book: JobBook, runs: JobRuns, record: JobRecord, now: float) -> Non
         if handle is not None:
             record.handle = handle
     if handle is not None and runs.executor.alive(handle):
+        runs.executor.adopt(handle)
         runs.free_gpus.difference_update(record.gpu_ids)
         running = RunningJob(
             job=record.core_job(),

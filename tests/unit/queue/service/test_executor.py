@@ -595,6 +595,31 @@ def test_a_new_executor_reaches_every_process_of_an_adopted_job(
             os.kill(holder, signal.SIGKILL)
 
 
+@pytest.mark.parametrize(
+    "mechanism", [Mechanism.CGROUP_V2, Mechanism.CGROUP_V1_FREEZER], ids=["cgroup_v2", "freezer"]
+)
+def test_adopting_thaws_a_job_that_a_dying_manager_left_frozen(
+    tmp_path: Path, mechanism: Mechanism
+) -> None:
+    # The manager died between freezing the cgroup for a signal and thawing it.
+    executor_with(mechanism)
+    command = ["sh", "-c", "touch ready; until [ -e go ]; do sleep 0.01; done; touch went; exit 3"]
+    handle = launch_from_a_manager_that_then_dies(tmp_path, command, mechanism)
+    restarted = Jobs(tmp_path, ProcessExecutor(containment=Mechanism.PROCESS_GROUP))
+    restarted.started.append(handle)
+    wait_for_file(tmp_path / "ready")
+    assert handle.cgroup is not None
+    containment._freeze(handle.cgroup)
+    (tmp_path / "go").touch()
+    time.sleep(0.2)
+    assert not (tmp_path / "went").exists()  # frozen, it cannot see it
+
+    restarted.executor.adopt(handle)
+
+    assert restarted.wait_exit(handle).exit_code == 3
+    assert (tmp_path / "went").exists()
+
+
 def test_a_runner_left_a_zombie_by_a_parent_that_never_reaps_counts_as_ended(jobs: Jobs) -> None:
     # The launching executor stays alive and never polls: like an init that does not reap.
     handle = jobs.start(["sh", "-c", "exit 4"])
