@@ -153,7 +153,9 @@ def _end_descendants() -> None:
     while True:
         # Our children first, from one small file: an orphan is one the moment it is orphaned,
         # so one that forks and exits again and again is caught before it forks once more.
-        for pid in _children(me) + descendants(me):
+        for pid in _children(me):
+            _kill_quietly(pid, signal.SIGKILL)
+        for pid in descendants(me):
             _kill_quietly(pid, signal.SIGKILL)
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
