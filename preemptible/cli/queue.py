@@ -5,6 +5,7 @@
     preemptible queue submit --queue Q --gpus N [--tier T] [--estimate 2h] ... -- CMD...
     preemptible queue status|why|cancel|events|stats|logs ...
     preemptible queue export --to kueue|slurm queue.toml [-o DIR]
+    preemptible queue doctor [--json]
 
 The client commands read the address and token from `--url`/`--token` or
 `PREEMPTIBLE_QUEUE_URL`/`PREEMPTIBLE_TOKEN` (prefer the variable: a `--token` shows in `ps`),
@@ -453,6 +454,70 @@ def logs(
                 time.sleep(pause_s)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
+
+
+# --- doctor --------------------------------------------------------------------------------------
+
+
+_DOCTOR_HELP = (
+    "Say how the queue manager keeps each job's processes together on this machine, and why.\n\n"
+    "Every process a job starts is the job's until it exits: a process that calls setsid (any "
+    "launcher that daemonises does) leaves the job's process group, and would otherwise miss "
+    "the notice and the kill and keep its GPU after the job has ended. The manager chooses, "
+    "once when it starts, the first of these that works here:\n\n"
+    "cgroup v2, cgroup v1 freezer, cgroup v1 pids: each attempt gets a cgroup of its own "
+    "(<hierarchy>/preemptible/<job>-<attempt>-<random>); every process of the job is listed "
+    "there whatever it does, is frozen and signalled with the rest, and the job's GPUs go to "
+    "another job only once the cgroup is empty. Needs root, or a hierarchy delegated to the "
+    "manager's user.\n\n"
+    "child subreaper: the job's runner adopts the job's orphans (prctl PR_SET_CHILD_SUBREAPER), "
+    "so a process that escapes by double-fork and setsid is still the runner's descendant and "
+    "still gets the notice and the kill; only one that kills the runner itself gets away.\n\n"
+    "process group: the last resort; a process that calls setsid escapes.\n\n"
+    "Run it as the user the manager runs as: what works depends on it. Exit status 0 when jobs "
+    "are contained (a cgroup or the subreaper), 1 when only the process group is left. See "
+    "docs/user-guide/queue-manager.md#how-a-job-is-contained."
+)
+
+
+@app.command(help=_DOCTOR_HELP)
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the findings as JSON.")] = False,
+) -> None:
+    """Say how jobs are contained on this machine (help: `_DOCTOR_HELP`)."""
+    from preemptible.queue.service.containment import Mechanism, survey
+
+    found = survey()
+    chosen = next(each for each in found if each.available)
+    if as_json:
+        _print_json(
+            {
+                "in_force": chosen.mechanism.value,
+                "why": chosen.why,
+                "mechanisms": [
+                    {
+                        "mechanism": each.mechanism.value,
+                        "available": each.available,
+                        "cgroup_root": each.cgroup_root,
+                        "why": each.why,
+                    }
+                    for each in found
+                ],
+            }
+        )
+    else:
+        echo(f"in force: {chosen.why}")
+        echo("on this machine:")
+        for each in found:
+            if each is chosen:
+                state = "in force"
+            elif each.available:
+                state = "available"
+            else:
+                state = f"not available: {each.why}"
+            where = f" ({each.cgroup_root})" if each.cgroup_root else ""
+            echo(f"  {each.mechanism}{where}: {state}")
+    raise typer.Exit(1 if chosen.mechanism is Mechanism.PROCESS_GROUP else 0)
 
 
 # --- export --------------------------------------------------------------------------------------

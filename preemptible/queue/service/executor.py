@@ -1,18 +1,27 @@
 """Run each admitted job as its own process group, and find it again after a manager restart.
 
 Every attempt runs under ``runner.py`` (see there), which leads a new session: its pid is the
-group id, the manager signals the group, and the runner writes the exit status to a file. That file
-is what makes a restart harmless: a manager started again holds no child processes and gets no
-``waitpid`` status, so it re-adopts a job from its persisted :class:`ProcessHandle` and learns the
-exit from the file. A pid alone is not an identity (the kernel recycles them), so the handle also
-keeps the runner's start time in clock ticks (``/proc/<pid>/stat`` field 22); a pid whose start
-time differs is another process, and is never signalled.
+group id, and the runner writes the exit status to a file. A group does not hold every process
+of a job (``setsid`` leaves it), so the attempt is also contained as ``containment.py`` chose
+when the executor was made: in a cgroup of its own, whose every process is signalled, or under
+a runner that is a child subreaper, whose every descendant is; the group alone only where the
+host offers neither. An attempt has ended once none of its processes is left; only then are
+its GPUs handed on.
 
-Rejected: a systemd transient unit or a cgroup per job (needs privileges or a user session
-manager we cannot assume on a shared machine); pidfds (they do not survive our own restart).
+The status file is what makes a restart harmless: a manager started again holds no child
+processes and gets no ``waitpid`` status, so it re-adopts a job from its persisted
+:class:`ProcessHandle` and learns the exit from the file. A pid alone is not an identity (the
+kernel recycles them), so the handle also keeps the runner's start time in clock ticks
+(``/proc/<pid>/stat`` field 22); a pid whose start time differs is another process, and is
+never signalled.
 
-Nothing here blocks: ``poll`` reads at most a few small files and is meant to be called every
-second for every running job. Linux only (``/proc``).
+Rejected: a systemd transient unit (needs a user session manager we cannot assume on a shared
+machine); pidfds (they do not survive our own restart).
+
+Nothing here blocks for long: ``poll`` reads a few small files (and scans ``/proc``, about a
+millisecond, once a runner has ended) and is meant to be called every second for every running
+job; a signal to a cgroup freezes it for the few milliseconds its list takes to signal. Linux
+only (``/proc``).
 """
 
 from __future__ import annotations
@@ -33,7 +42,9 @@ from typing import IO, Any, BinaryIO, NamedTuple, TypeVar
 
 from preemptible._env_names import PREFIX as MANAGER_ONLY_PREFIX
 from preemptible.errors import QueueError, StateStoreError
+from preemptible.queue.service import containment as containment_module
 from preemptible.queue.service import runner
+from preemptible.queue.service.containment import CGROUP_DIR, Containment, Mechanism
 from preemptible.queue.service.isolation import (
     PASSAGE_FOLDER,
     PRIVATE_FILE,
@@ -88,6 +99,20 @@ class ProcessHandle:
     """The runner's start time (field 22 of ``/proc/<pid>/stat``): a recycled pid differs here."""
     status_path: str
     """Where the runner writes the exit status."""
+    cgroup: str | None = None
+    """The attempt's own cgroup (every process of it is listed there); None when it has none."""
+    subreaper: bool = False
+    """Whether the runner is a child subreaper (every process of the attempt descends from it)."""
+
+    def __post_init__(self) -> None:
+        # Every process listed in this cgroup is signalled and killed: never take a cgroup that
+        # is not an attempt's (a corrupt state file naming a hierarchy's root) for one.
+        if self.cgroup is not None and Path(self.cgroup).parent.name != CGROUP_DIR:
+            raise StateStoreError(
+                f"a stored process handle is unreadable: it names {self.cgroup!r}, which is "
+                f"not the cgroup of a job attempt (those are in a folder named {CGROUP_DIR!r}); "
+                "check that the job's processes are gone, then requeue or cancel the job"
+            )
 
     def to_json(self) -> str:
         """The handle as a JSON object, to store in the manager's database."""
@@ -106,6 +131,9 @@ class ProcessHandle:
                 pid=_exact(data["pid"], int),
                 start_ticks=_exact(data["start_ticks"], int),
                 status_path=_exact(data["status_path"], str),
+                # A handle stored before containment existed has neither: its group is the job.
+                cgroup=_optional(data.get("cgroup"), str),
+                subreaper=_flag(data.get("subreaper", False)),
             )
         except (ValueError, KeyError, TypeError) as error:
             raise StateStoreError(
@@ -160,25 +188,40 @@ class ProcessExecutor:
 
     Only attempts started by this instance are children of this process; for those it reaps the
     runner and knows its fate even without a status file. Any other handle is "adopted": its
-    runner's parent is init, and ``/proc`` plus the status file tell us everything.
+    runner's parent is init, and ``/proc`` plus the status file tell us everything. How an
+    attempt is contained is in its handle, so an adopted one is reached as it was started.
     """
 
     def __init__(
-        self, *, base_env: Mapping[str, str] | None = None, exclude: Collection[str] = ()
+        self,
+        *,
+        base_env: Mapping[str, str] | None = None,
+        exclude: Collection[str] = (),
+        containment: Containment | Mechanism | None = None,
     ) -> None:
-        """Fix the environment every job starts from.
+        """Fix the environment every job starts from, and how its processes are kept together.
 
         Args:
             base_env: The environment under each job's own. Default: the manager's environment
                 without its ``PREEMPTIBLE_*`` variables (the admin token among them).
             exclude: Variables never passed on: the ones holding secrets, such as the queue
                 tokens the config names with ``env:``. Applied to ``base_env`` too.
+            containment: How new attempts are contained. Default: the strongest mechanism this
+                host offers (:func:`containment.choose`, probed now, once). A `Mechanism` forces
+                that one (tests do, to run the subreaper where cgroups work too).
+
+        Raises:
+            QueueError: The mechanism asked for does not work on this host.
         """
         if base_env is None:
             base_env = _without_manager_variables(os.environ)
         excluded = frozenset(exclude)
         self._base_env = {k: v for k, v in base_env.items() if k not in excluded}
         self._children: dict[tuple[int, int], subprocess.Popen[bytes]] = {}
+        if not isinstance(containment, Containment):
+            containment = containment_module.choose(containment)
+        self.containment = containment
+        """How this executor contains the attempts it launches."""
 
     def launch(self, spec: LaunchSpec) -> ProcessHandle:
         """Start one attempt in a new process group; returns once the runner process exists.
@@ -202,12 +245,15 @@ class ProcessExecutor:
         # A job of another user: its variables go to the runner on stdin, never into the
         # environment of the runner, which keeps the manager's privileges (see runner.py).
         switch = [] if spec.run_as is None else ["--as", spec.run_as.runner_ids()]
+        cgroup = self.containment.new_cgroup(spec.job_id, spec.attempt)
+        options = self.containment.runner_options(cgroup)  # joined before any switch of user
+        argv = [*RUNNER_ARGV, "--status", str(spec.status_path), *switch, *options]
         try:
             log = _open_job_files(spec)
             _prepare_status_path(spec.status_path)
             with log:
                 process = subprocess.Popen(
-                    [*RUNNER_ARGV, "--status", str(spec.status_path), *switch, "--", *spec.command],
+                    [*argv, "--", *spec.command],
                     cwd=_working_directory(spec),
                     env=env if spec.run_as is None else {},
                     stdin=subprocess.DEVNULL if spec.run_as is None else subprocess.PIPE,
@@ -216,6 +262,8 @@ class ProcessExecutor:
                     start_new_session=True,
                 )
         except OSError as error:
+            if cgroup is not None:
+                containment_module.remove_cgroup(cgroup)
             raise QueueError(f"cannot start {what}: {error}") from error
         if process.stdin is not None:
             _hand_environment(process.stdin, env)
@@ -230,36 +278,53 @@ class ProcessExecutor:
             raise QueueError(f"cannot start {what}: /proc is not readable (Linux is required)")
         self._children[(process.pid, stat.start_ticks)] = process
         return ProcessHandle(
-            pid=process.pid, start_ticks=stat.start_ticks, status_path=str(spec.status_path)
+            pid=process.pid,
+            start_ticks=stat.start_ticks,
+            status_path=str(spec.status_path),
+            cgroup=cgroup,
+            subreaper=self.containment.mechanism is Mechanism.SUBREAPER,
         )
 
     def poll(self, handle: ProcessHandle) -> Exit | None:
-        """Return how the attempt ended, or None while any process of its group still runs.
+        """Return how the attempt ended, or None while any process of it still runs.
 
-        Once the runner has ended, the job is over: processes it left behind in its group
-        (a daemonized helper, a stuck DataLoader worker) are sent SIGKILL, so that GPUs the
-        manager hands on are really free, and the exit is reported when they are gone.
+        Once the runner has ended, the job is over: processes left behind (a daemonized
+        helper, a stuck DataLoader worker) are sent SIGKILL, so that GPUs the manager hands on
+        are really free, and the exit is reported when they are gone. The runner does the same
+        before it writes the status; this covers a runner that was killed.
         """
         try:
             state = self._runner_state(handle)
             if state is _RunnerState.RUNNING:
                 return None
-            if state is _RunnerState.ENDED and _live_group_members(handle.pid):
-                _signal_group_quietly(handle.pid, signal.SIGKILL)
+            if self._kill_leftovers(handle, state):
                 return None
         except ProcUnreadableError as error:
             _warn_unreadable(error)
             return None  # not known to have ended: asked again at the next poll
+        if handle.cgroup is not None:
+            containment_module.remove_cgroup(handle.cgroup)
         child = self._children.pop((handle.pid, handle.start_ticks), None)
         return _exit_of(handle, state, None if child is None else child.returncode)
 
     def terminate(self, handle: ProcessHandle) -> None:
-        """Send SIGTERM to the attempt's process group (the notice); nothing if it is gone."""
-        self._signal_group(handle, signal.SIGTERM)
+        """Send SIGTERM to every process of the attempt (the notice); nothing if it is gone."""
+        self._signal(handle, signal.SIGTERM)
 
     def kill(self, handle: ProcessHandle) -> None:
-        """Send SIGKILL to the attempt's process group; nothing if it is gone."""
-        self._signal_group(handle, signal.SIGKILL)
+        """Send SIGKILL to every process of the attempt; nothing if it is gone.
+
+        In a cgroup, or a group alone, the runner dies too and the exit is ``killed``. A
+        subreaper runner is spared, to reap what it adopted; it records the command's SIGKILL.
+        """
+        self._signal(handle, signal.SIGKILL)
+
+    def adopt(self, handle: ProcessHandle) -> None:
+        """Take back an attempt found running after a restart of the manager: its cgroup is
+        thawed, in case the last manager died between freezing it for a signal and thawing it
+        (the job would otherwise hang, holding its GPUs, until it is told to go)."""
+        if handle.cgroup is not None:
+            containment_module.thaw(handle.cgroup)
 
     def alive(self, handle: ProcessHandle) -> bool:
         """Whether the handle's runner still runs: same pid and start time, not a zombie.
@@ -294,23 +359,48 @@ class ProcessExecutor:
             return _RunnerState.RECYCLED
         return _RunnerState.ENDED if stat.state in "ZX" else _RunnerState.RUNNING
 
-    def _signal_group(self, handle: ProcessHandle, signum: int) -> None:
-        # A recycled pid means our group is empty: Linux frees a pid number only once no
-        # process uses it as pid, process group or session id. The group id is someone else's.
-        # Unknown (an unreadable /proc): the group is ours unless it emptied and was reused.
+    def _signal(self, handle: ProcessHandle, signum: int) -> None:
         try:
-            if self._runner_state(handle) is _RunnerState.RECYCLED:
+            if handle.cgroup is not None:
+                # The kernel's list: whatever the job did, and whoever has the pids now.
+                containment_module.signal_cgroup(handle.cgroup, signum)
                 return
-        except ProcUnreadableError as error:
-            _warn_unreadable(error)
-        try:
+            # A recycled pid means our group is empty: Linux frees a pid number only once no
+            # process uses it as pid, process group or session id. The group id is someone else's.
+            # Unknown (an unreadable /proc): the group is ours unless it emptied and was reused.
+            try:
+                state = self._runner_state(handle)
+            except ProcUnreadableError as error:
+                _warn_unreadable(error)
+                state = _RunnerState.RUNNING
+            if state is _RunnerState.RECYCLED:
+                return
+            if handle.subreaper and state is _RunnerState.RUNNING:
+                # Every process of the job descends from its runner: orphans are adopted by it.
+                for pid in runner.descendants(handle.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signum)
+                return
             os.killpg(handle.pid, signum)
         except ProcessLookupError:
             pass
         except PermissionError as error:
             raise QueueError(
-                f"cannot signal process group {handle.pid}: {error}; it runs as another user"
+                f"cannot signal the processes of the job of runner {handle.pid}: {error}; "
+                "they run as another user"
             ) from error
+
+    def _kill_leftovers(self, handle: ProcessHandle, state: _RunnerState) -> bool:
+        """SIGKILL what is left of an attempt whose runner has ended; whether anything was."""
+        left = False
+        if handle.cgroup is not None and runner.cgroup_pids(handle.cgroup):
+            with contextlib.suppress(OSError):
+                containment_module.signal_cgroup(handle.cgroup, signal.SIGKILL)
+            left = True
+        if state is _RunnerState.ENDED and _live_group_members(handle.pid):
+            _signal_group_quietly(handle.pid, signal.SIGKILL)
+            left = True
+        return left
 
 
 def _exit_of(handle: ProcessHandle, state: _RunnerState, runner_returncode: int | None) -> Exit:
@@ -478,6 +568,12 @@ def _exact(value: Any, kind: type[_T]) -> _T:
         value = float(value)
     if not isinstance(value, kind) or isinstance(value, bool):
         raise TypeError(f"expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {value!r}")
     return value
 
 

@@ -3,7 +3,9 @@
 Pending jobs wait again; running ones are adopted again (by pid and process start time, so a
 recycled pid is not taken for the job); a notice stored but never sent is sent now with its
 whole grace; and jobs whose processes vanished while nobody watched are requeued with the
-reason, or finished when their status file says they had ended.
+reason, or finished when their status file says they had ended. A job whose runner is gone but
+some of whose processes are not (its cgroup still lists them) keeps its GPUs until they are
+killed and gone, as any run.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from preemptible.queue.core import RunningJob
+from preemptible.queue.service import runner
 from preemptible.queue.service.book import JobBook
 from preemptible.queue.service.executor import Exit, ExitKind, ProcessHandle, recorded_exit
 from preemptible.queue.service.records import JobRecord, SentNotice
@@ -49,6 +52,7 @@ def _readopt(book: JobBook, runs: JobRuns, record: JobRecord, now: float) -> Non
         if handle is not None:
             record.handle = handle
     if handle is not None and runs.executor.alive(handle):
+        runs.executor.adopt(handle)
         runs.free_gpus.difference_update(record.gpu_ids)
         running = RunningJob(
             job=record.core_job(),
@@ -74,6 +78,9 @@ def _readopt(book: JobBook, runs: JobRuns, record: JobRecord, now: float) -> Non
     # died before saving its handle and the attempt has ended since: then its status file
     # says how (else a job that had completed would run again).
     ended = runs.executor.poll(handle) if handle is not None else recorded_exit(status_path)
+    if handle is not None and ended is None:
+        _adopt_leftovers(book, runs, record, status_path, now)
+        return
     running = RunningJob(job=record.core_job(), started_at=record.started_at or now)
     runs.shell.adopt(running, now)
     runs.free_gpus.difference_update(record.gpu_ids)
@@ -90,21 +97,61 @@ def _readopt(book: JobBook, runs: JobRuns, record: JobRecord, now: float) -> Non
     runs.exited(record, ended, now)
 
 
+def _adopt_leftovers(
+    book: JobBook, runs: JobRuns, record: JobRecord, status_path: Path, now: float
+) -> None:
+    """The runner is gone but processes of the attempt are not: `poll` has sent them SIGKILL,
+    and the job keeps its GPUs until they are gone, when the loop's poll reports its exit."""
+    runs.free_gpus.difference_update(record.gpu_ids)
+    why = "its runner was gone but not all its processes: they are killed, then it ends"
+    if record.notice is None and recorded_exit(status_path) is None:
+        # Gone without an exit status while nobody watched: once its processes are gone too,
+        # it runs again (as a vanished job does).
+        record.notice = SentNotice(
+            reason="its process was gone when the manager restarted",
+            grace_s=0.0,
+            sent_at=now,
+            deadline=now,
+            signalled_at=now,
+            killed_at=now,
+        )
+    if record.notice is not None:
+        record.state = JobState.PREEMPTING
+    running = RunningJob(
+        job=record.core_job(),
+        started_at=record.started_at or now,
+        last_checkpoint_at=record.last_checkpoint_at,
+        terminating=True,
+    )
+    runs.shell.adopt(running, now)
+    with book.store.transaction() as db:
+        book.store.update_job(db, record.id, record.state, record.to_doc())
+        book.event(db, now, "recovered", record, why)
+
+
 def _find_runner(status_path: Path) -> ProcessHandle | None:
     """The runner of an attempt whose launch the manager did not live to record: found by
-    the status path on its command line (only at recovery, so a scan of /proc is fine)."""
-    wanted = str(status_path).encode()
+    the status path on its command line (only at recovery, so a scan of /proc is fine), with
+    the cgroup or subreaper its command line gives it."""
+    wanted = str(status_path)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        if wanted in argv and b"--status" in argv:
+        if "--status" not in argv:
+            continue
+        parsed = runner.parse(argv[argv.index("--status") :])
+        if parsed is not None and parsed[0] == wanted:
             ticks = int(stat.rsplit(")", 1)[1].split()[19])
             return ProcessHandle(
-                pid=int(entry.name), start_ticks=ticks, status_path=str(status_path)
+                pid=int(entry.name),
+                start_ticks=ticks,
+                status_path=wanted,
+                cgroup=parsed[2],
+                subreaper=parsed[3],
             )
     return None

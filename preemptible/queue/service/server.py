@@ -136,6 +136,7 @@ def run_server(
     )
     _quiet_garbage_collector()
     manager.start()
+    log.info("job containment in force: %s", manager.executor.containment.why)
     log.info(
         "serving on %s: the dashboard at %s/ (sign in with a queue or the admin token), "
         "the API under %s/v1",

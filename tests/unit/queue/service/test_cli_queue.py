@@ -22,8 +22,10 @@ from typer.testing import CliRunner, Result
 
 from preemptible.cli.queue import app
 from preemptible.errors import ConfigError, JobStateError
+from preemptible.queue.service import containment
 from preemptible.queue.service.app import create_app
 from preemptible.queue.service.auth import resolve_tokens
+from preemptible.queue.service.containment import Mechanism
 from preemptible.queue.service.views import CostView, JobView, SubmitRequest
 
 from .fake_manager import (
@@ -505,5 +507,73 @@ def test_serve_needs_an_existing_config(fake_server: ServerCalls, tmp_path: Path
 
 def test_help_lists_every_command() -> None:
     out = CliRunner().invoke(app, ["--help"]).stdout
-    for command in ("serve", "submit", "status", "why", "cancel", "events", "stats", "logs"):
+    for command in (
+        "serve",
+        "submit",
+        "status",
+        "why",
+        "cancel",
+        "events",
+        "stats",
+        "logs",
+        "doctor",
+    ):
         assert command in out
+
+
+# --- doctor: how jobs are contained on this machine (probed for real) ---------------------------
+
+
+def test_doctor_says_which_mechanism_is_in_force_here_and_why() -> None:
+    chosen = containment.choose()
+
+    result = CliRunner().invoke(app, ["doctor"])
+
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"in force: {chosen.why}"
+    assert lines[1] == "on this machine:"
+    assert [line.split(":")[0].split(" (")[0].strip() for line in lines[2:]] == [
+        m.value for m in Mechanism
+    ]
+    assert f"  {chosen.mechanism}" in "\n".join(lines[2:])
+    assert result.exit_code == (1 if chosen.mechanism is Mechanism.PROCESS_GROUP else 0)
+
+
+def test_doctor_without_a_writable_cgroup_names_the_subreaper_and_each_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text("cgroup2 /proc/sys cgroup2 rw,relatime 0 0\n")
+    monkeypatch.setattr(containment, "MOUNTS", str(mounts))
+
+    result = CliRunner().invoke(app, ["doctor"])
+    as_json = json.loads(CliRunner().invoke(app, ["doctor", "--json"]).stdout)
+
+    assert result.exit_code == 0
+    assert result.stdout.startswith(
+        "in force: no writable cgroup: child subreaper; a process that escapes by double-fork "
+        "and setsid is still adopted"
+    )
+    assert "  cgroup v2: not available: cannot make a cgroup under /proc/sys/preemptible" in (
+        result.stdout
+    )
+    assert "  cgroup v1 freezer: not available: no cgroup v1 hierarchy with the freezer" in (
+        result.stdout
+    )
+    assert "  child subreaper: in force\n  process group: available\n" in result.stdout
+    assert as_json["in_force"] == "child subreaper"
+    assert [m["available"] for m in as_json["mechanisms"]] == [False, False, False, True, True]
+
+
+def test_doctor_help_explains_each_mechanism() -> None:
+    out = " ".join(
+        CliRunner().invoke(app, ["doctor", "--help"], env={"COLUMNS": "200"}).stdout.split()
+    )
+    for words in (
+        "a process that calls setsid",
+        "cgroup v2, cgroup v1 freezer, cgroup v1 pids: each attempt gets a cgroup of its own",
+        "child subreaper: the job's runner adopts the job's orphans",
+        "process group: the last resort",
+        "Exit status 0 when jobs are contained",
+    ):
+        assert words in out

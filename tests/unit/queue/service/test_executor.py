@@ -3,10 +3,15 @@
 Nothing is mocked. Jobs that must be in a known state before a signal reach it tell the test
 through a file ("ready"), which the test waits for; the only fixed bound is how long a bystander
 must survive a SIGKILL that must not reach it.
+
+The tests of containment run once per mechanism this host offers (the cgroups really made
+under /sys/fs/cgroup, the subreaper really set by prctl); one this host lacks is skipped with
+the reason `containment.probe` gives.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
@@ -22,7 +27,8 @@ from typing import Any, TypeVar
 import pytest
 
 from preemptible.errors import QueueError, StateStoreError
-from preemptible.queue.service import runner
+from preemptible.queue.service import containment, runner
+from preemptible.queue.service.containment import Mechanism
 from preemptible.queue.service.executor import (
     Exit,
     ExitKind,
@@ -119,6 +125,33 @@ def jobs(tmp_path: Path) -> Iterator[Jobs]:
         jobs.wait_exit(handle)
 
 
+@functools.cache
+def offered(mechanism: Mechanism) -> containment.Containment:
+    """The mechanism as probed on this host (once per test run)."""
+    return containment.probe(mechanism)
+
+
+CONTAINED = [m for m in Mechanism if m is not Mechanism.PROCESS_GROUP]
+
+
+def executor_with(mechanism: Mechanism) -> ProcessExecutor:
+    """An executor that contains jobs with `mechanism`; the test is skipped where it is lacking."""
+    found = offered(mechanism)
+    if not found.available:
+        pytest.skip(f"{mechanism} is not offered here: {found.why}")
+    return ProcessExecutor(containment=found)
+
+
+@pytest.fixture(params=CONTAINED, ids=[m.name.lower() for m in CONTAINED])
+def contained(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Jobs]:
+    """Jobs contained by each mechanism in turn that this host offers."""
+    jobs = Jobs(tmp_path, executor_with(request.param))
+    yield jobs
+    for handle in jobs.started:
+        jobs.executor.kill(handle)
+        jobs.wait_exit(handle)
+
+
 # --- exit statuses -----------------------------------------------------------------------------
 
 
@@ -207,6 +240,170 @@ def test_processes_left_behind_by_an_exited_job_are_killed_before_the_exit_is_re
 
 
 # --- commands that cannot start ----------------------------------------------------------------
+
+
+# --- every process of the job, setsid or not --------------------------------------------------
+
+HOLDER_ON_TERM = {
+    "dies": "pass",
+    "ignores": "signal.signal(signal.SIGTERM, signal.SIG_IGN)",
+    "notes": "signal.signal(signal.SIGTERM, lambda *_: (open('holder-got-term', 'w').close(), "
+    "os._exit(0)))",
+}
+
+
+def escaping_job(*, holder: str = "dies", main: str = "sleeps") -> str:
+    """A job whose main process starts a holder the way a daemonising launcher does: a fork,
+    `setsid()` (a new session and process group), a second fork, the middle process exits (the
+    holder is an orphan). The holder writes its pid and its GPUs to 'holder', then holds them
+    for two minutes; on SIGTERM it `dies`, `ignores` it or `notes` it in a file and exits. The
+    main process then touches 'ready' and `sleeps`, `exits` 0 at once, or `ignores` SIGTERM
+    (noting it in 'main-got-term') and sleeps."""
+    main_code = {
+        "sleeps": "time.sleep(120)",
+        "exits": "raise SystemExit(0)",
+        "ignores": "time.sleep(120)",
+    }[main]
+    main_term = (
+        "signal.signal(signal.SIGTERM, lambda *_: open('main-got-term', 'w').close())\n"
+        if main == "ignores"
+        else ""
+    )
+    return (
+        "import os, signal, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        {HOLDER_ON_TERM[holder]}\n"
+        "        with open('holder.tmp', 'w') as f:\n"
+        "            f.write(f\"{os.getpid()} {os.environ.get('CUDA_VISIBLE_DEVICES')}\\n\")\n"
+        "        os.rename('holder.tmp', 'holder')\n"
+        "        time.sleep(120)\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+        "while not os.path.exists('holder'):\n"
+        "    time.sleep(0.005)\n"
+        f"{main_term}"
+        "open('ready', 'w').close()\n"
+        f"{main_code}\n"
+    )
+
+
+def holder_of(workdir: Path) -> int:
+    """The holder's pid, once the job says it is ready."""
+    wait_for_file(workdir / "ready")
+    return int((workdir / "holder").read_text().split()[0])
+
+
+def gone(pid: int) -> bool:
+    return proc_state(pid) in (None, "Z")
+
+
+def test_a_process_group_alone_loses_a_process_that_calls_setsid(tmp_path: Path) -> None:
+    # The executor before containment: the holder misses the notice and outlives the job.
+    # Every test below fails this way on that executor.
+    jobs = Jobs(tmp_path, ProcessExecutor(containment=Mechanism.PROCESS_GROUP))
+    handle = jobs.python(escaping_job())
+    holder = holder_of(tmp_path)
+    try:
+        jobs.executor.terminate(handle)
+
+        ended = jobs.wait_exit(handle)
+
+        assert (ended.how, ended.exit_code, handle.cgroup, handle.subreaper) == (
+            ExitKind.EXITED,
+            143,
+            None,
+            False,
+        )
+        assert not gone(holder)
+    finally:
+        os.kill(holder, signal.SIGKILL)
+
+
+def test_the_notice_reaches_a_process_that_left_the_group(contained: Jobs) -> None:
+    # The main process stays: once it has ended, what it left is killed at once (the next
+    # test), and the holder's handler would race that SIGKILL.
+    handle = contained.python(escaping_job(holder="notes", main="ignores"))
+    holder = holder_of(contained.workdir)
+
+    contained.executor.terminate(handle)
+
+    wait_for_file(contained.workdir / "holder-got-term")
+    wait_for_file(contained.workdir / "main-got-term")
+    wait_for(lambda: gone(holder), "the holder to exit on its notice")
+    assert contained.executor.poll(handle) is None  # the main process still runs
+
+
+def test_kill_ends_a_process_that_left_the_group_and_ignores_the_notice(contained: Jobs) -> None:
+    handle = contained.python(escaping_job(holder="ignores", main="ignores"))
+    holder = holder_of(contained.workdir)
+    contained.executor.terminate(handle)
+    wait_for_file(contained.workdir / "main-got-term")
+    assert contained.executor.poll(handle) is None and not gone(holder)
+
+    contained.executor.kill(handle)
+
+    ended = contained.wait_exit(handle)
+    assert gone(holder)
+    # A subreaper runner is spared to reap what it adopted, and records the command's SIGKILL.
+    expected = ExitKind.EXITED if handle.subreaper else ExitKind.KILLED
+    assert (ended.how, ended.signal) == (expected, signal.SIGKILL)
+
+
+def test_an_attempt_has_ended_only_once_no_process_of_it_is_left(contained: Jobs) -> None:
+    handle = contained.python(escaping_job(holder="ignores", main="exits"))
+
+    ended = contained.wait_exit(handle)
+
+    holder = holder_of(contained.workdir)
+    assert (ended.how, ended.exit_code) == (ExitKind.EXITED, 0)
+    assert gone(holder)
+    assert ended.ended_at is not None and ended.ended_at <= time.time()
+    if handle.cgroup is not None:
+        assert not os.path.exists(handle.cgroup)  # removed once empty
+
+
+def test_kill_ends_a_job_whose_processes_keep_forking_away(tmp_path: Path) -> None:
+    # Each generation forks the next and exits: no pid lives for more than a millisecond or
+    # so, too short for a scan of /proc to find. A cgroup freezes it (or refuses it new
+    # processes) before it signals; a subreaper runner kills each generation the moment it is
+    # orphaned, from the kernel's list of its children. Each generation writes its number to
+    # 'beat', which stops once the chain is dead.
+    chain = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    deadline, n = time.time() + 30, 0\n"
+        "    while time.time() < deadline:\n"
+        "        if os.fork():\n"
+        "            os._exit(0)\n"
+        "        n += 1\n"
+        "        open('beat.tmp', 'w').write(str(n))\n"
+        "        os.replace('beat.tmp', 'beat')\n"
+        "        time.sleep(0.001)\n"
+        "    os._exit(0)\n"
+        "while not os.path.exists('beat'):\n"
+        "    time.sleep(0.005)\n"
+        "open('ready', 'w').close()\n"
+        "time.sleep(120)\n"
+    )
+    for mechanism in CONTAINED:
+        if not offered(mechanism).available:
+            continue
+        jobs = Jobs(tmp_path, ProcessExecutor(containment=offered(mechanism)))
+        handle = jobs.python(chain)
+        wait_for_file(tmp_path / "ready")
+        wait_for(lambda: int((tmp_path / "beat").read_text()) > 20, "twenty generations")
+
+        jobs.executor.kill(handle)
+
+        assert jobs.wait_exit(handle).signal == signal.SIGKILL, mechanism
+        last = (tmp_path / "beat").read_text()
+        time.sleep(0.2)  # a live chain makes a hundred generations meanwhile
+        assert (tmp_path / "beat").read_text() == last, f"{mechanism}: the chain lives on"
+        for made in ("ready", "beat", "beat.tmp"):
+            (tmp_path / made).unlink(missing_ok=True)
 
 
 def test_a_missing_command_exits_127_with_the_reason_in_the_exit_and_the_log(jobs: Jobs) -> None:
@@ -417,23 +614,27 @@ def test_a_job_of_another_user_cannot_kill_its_runner(jobs: Jobs, job_user: JobU
 MANAGER = """
 import sys
 from pathlib import Path
+from preemptible.queue.service.containment import Mechanism
 from preemptible.queue.service.executor import LaunchSpec, ProcessExecutor
 
-work = Path(sys.argv[1])
+work, mechanism = Path(sys.argv[1]), sys.argv[2]
 spec = LaunchSpec(
-    job_id="j1", attempt=1, command=sys.argv[2:], cwd=str(work), env={}, gpu_ids=[],
+    job_id="j1", attempt=1, command=sys.argv[3:], cwd=str(work), env={}, gpu_ids=[],
     log_path=work / "logs" / "j1.1.log", status_path=work / "status" / "j1.1.json",
 )
-print(ProcessExecutor().launch(spec).to_json())
+executor = ProcessExecutor(containment=Mechanism(mechanism) if mechanism else None)
+print(executor.launch(spec).to_json())
 """
 
 WAIT_FOR_GO_THEN_EXIT_7 = ["sh", "-c", "touch ready; until [ -e go ]; do sleep 0.01; done; exit 7"]
 
 
-def launch_from_a_manager_that_then_dies(workdir: Path, command: list[str]) -> ProcessHandle:
+def launch_from_a_manager_that_then_dies(
+    workdir: Path, command: list[str], mechanism: Mechanism | None = None
+) -> ProcessHandle:
     """Launch in another process that exits at once: the runner is no child of this test."""
     manager = subprocess.run(
-        [PY, "-c", MANAGER, str(workdir), *command],
+        [PY, "-c", MANAGER, str(workdir), mechanism or "", *command],
         capture_output=True,
         text=True,
         check=True,
@@ -493,6 +694,60 @@ def test_an_adopted_job_killed_as_a_group_is_reported_killed(jobs: Jobs) -> None
     assert ended == Exit(exit_code=None, signal=None, ended_at=None, how=ExitKind.KILLED)
 
 
+@pytest.mark.parametrize("mechanism", CONTAINED, ids=[m.name.lower() for m in CONTAINED])
+def test_a_new_executor_reaches_every_process_of_an_adopted_job(
+    tmp_path: Path, mechanism: Mechanism
+) -> None:
+    executor_with(mechanism)  # skips where the host lacks it
+    command = [PY, "-c", escaping_job(holder="ignores", main="ignores")]
+    handle = launch_from_a_manager_that_then_dies(tmp_path, command, mechanism)
+    holder = holder_of(tmp_path)
+    restarted = Jobs(tmp_path, ProcessExecutor(containment=Mechanism.PROCESS_GROUP))
+    restarted.started.append(handle)  # killed at the end whatever happens
+    try:
+        restarted.executor.terminate(handle)
+        wait_for_file(tmp_path / "main-got-term")
+        assert restarted.executor.poll(handle) is None and not gone(holder)
+
+        restarted.executor.kill(handle)
+
+        assert restarted.wait_exit(handle).signal in (signal.SIGKILL, None)
+        assert gone(holder)
+        # The handle said how the attempt is contained, whatever the new executor would choose.
+        assert (handle.cgroup is not None, handle.subreaper) == (
+            mechanism.is_cgroup,
+            mechanism is Mechanism.SUBREAPER,
+        )
+    finally:
+        if not gone(holder):
+            os.kill(holder, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "mechanism", [Mechanism.CGROUP_V2, Mechanism.CGROUP_V1_FREEZER], ids=["cgroup_v2", "freezer"]
+)
+def test_adopting_thaws_a_job_that_a_dying_manager_left_frozen(
+    tmp_path: Path, mechanism: Mechanism
+) -> None:
+    # The manager died between freezing the cgroup for a signal and thawing it.
+    executor_with(mechanism)
+    command = ["sh", "-c", "touch ready; until [ -e go ]; do sleep 0.01; done; touch went; exit 3"]
+    handle = launch_from_a_manager_that_then_dies(tmp_path, command, mechanism)
+    restarted = Jobs(tmp_path, ProcessExecutor(containment=Mechanism.PROCESS_GROUP))
+    restarted.started.append(handle)
+    wait_for_file(tmp_path / "ready")
+    assert handle.cgroup is not None
+    containment._freeze(handle.cgroup)
+    (tmp_path / "go").touch()
+    time.sleep(0.2)
+    assert not (tmp_path / "went").exists()  # frozen, it cannot see it
+
+    restarted.executor.adopt(handle)
+
+    assert restarted.wait_exit(handle).exit_code == 3
+    assert (tmp_path / "went").exists()
+
+
 def test_a_runner_left_a_zombie_by_a_parent_that_never_reaps_counts_as_ended(jobs: Jobs) -> None:
     # The launching executor stays alive and never polls: like an init that does not reap.
     handle = jobs.start(["sh", "-c", "exit 4"])
@@ -529,9 +784,25 @@ def test_a_recycled_pid_is_not_alive_is_lost_and_is_never_signalled(tmp_path: Pa
 
 def test_a_handle_round_trips_through_json_and_garbage_is_refused() -> None:
     handle = ProcessHandle(pid=4242, start_ticks=987654, status_path="/state/j1.1.json")
+    in_cgroup = ProcessHandle(
+        pid=1, start_ticks=2, status_path="s", cgroup="/sys/fs/cgroup/preemptible/j1-1-abc123"
+    )
+    under_subreaper = ProcessHandle(pid=1, start_ticks=2, status_path="s", subreaper=True)
+    stored_before_containment = (
+        '{"pid": 4242, "start_ticks": 987654, "status_path": "/state/j1.1.json"}'
+    )
 
-    assert ProcessHandle.from_json(handle.to_json()) == handle
-    for garbage in ["", "[]", '{"pid": "4242", "start_ticks": 1, "status_path": "x"}']:
+    for each in (handle, in_cgroup, under_subreaper):
+        assert ProcessHandle.from_json(each.to_json()) == each
+    assert ProcessHandle.from_json(stored_before_containment) == handle
+    for garbage in [
+        "",
+        "[]",
+        '{"pid": "4242", "start_ticks": 1, "status_path": "x"}',
+        '{"pid": 1, "start_ticks": 1, "status_path": "x", "subreaper": 1}',
+        # Not an attempt's cgroup: every process of this one would be killed.
+        '{"pid": 1, "start_ticks": 1, "status_path": "x", "cgroup": "/sys/fs/cgroup"}',
+    ]:
         with pytest.raises(StateStoreError, match="process handle is unreadable"):
             ProcessHandle.from_json(garbage)
 
@@ -574,9 +845,53 @@ def test_the_runner_without_a_command_prints_usage_and_exits_2(tmp_path: Path) -
     assert "usage:" in done.stderr
 
 
-def test_the_runner_imports_nothing_heavy(tmp_path: Path) -> None:
+def test_the_runner_refuses_to_run_a_command_outside_the_cgroup_it_was_given(
+    tmp_path: Path,
+) -> None:
+    status = tmp_path / "status.json"
+    argv = [PY, "-I", "-S", runner.__file__, "--status", str(status)]
+    argv += ["--cgroup", str(tmp_path / "no-such-cgroup"), "--", "touch", "ran"]
+
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=WAIT_SECS, check=False)
+
+    assert done.returncode == runner.EXIT_NOT_EXECUTABLE
+    assert "cannot join the job's cgroup" in done.stderr
+    assert "cannot join the job's cgroup" in json.loads(status.read_text())["error"]
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_subreaper_runner_writes_the_status_once_nothing_the_command_left_is_alive(
+    tmp_path: Path,
+) -> None:
+    # The command leaves a process that called setsid and is no child of anyone it knows.
+    status = tmp_path / "status.json"
+    orphan = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        open('orphan', 'w').write(f'{os.getpid()}\\n')\n"
+        "        time.sleep(120)\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+        "while not os.path.exists('orphan'):\n"
+        "    time.sleep(0.005)\n"
+    )
+    argv = [PY, "-I", "-S", runner.__file__, "--status", str(status), "--subreaper"]
+
+    done = subprocess.run(
+        [*argv, "--", PY, "-c", orphan], cwd=tmp_path, timeout=WAIT_SECS, check=False
+    )
+
+    assert done.returncode == 0 and json.loads(status.read_text())["exit_code"] == 0
+    left = read_pid(tmp_path / "orphan")
+    assert left is not None and proc_state(left) is None  # killed, and reaped by the runner
+
+
+@pytest.mark.parametrize("options", [[], ["--subreaper"]], ids=["group", "subreaper"])
+def test_the_runner_imports_nothing_heavy(tmp_path: Path, options: list[str]) -> None:
     argv = [PY, "-X", "importtime", "-I", "-S", runner.__file__]
-    argv += ["--status", str(tmp_path / "s.json"), "--", "true"]
+    argv += ["--status", str(tmp_path / "s.json"), *options, "--", "true"]
 
     done = subprocess.run(argv, capture_output=True, text=True, timeout=WAIT_SECS, check=True)
 

@@ -1,12 +1,14 @@
 """The queue manager with real processes, real signals and a real SQLite file.
 
 The manager is stepped by the test (`step()`), not by its thread, so that each assertion sees
-a known moment; the processes run for real.
+a known moment; the processes run for real. The GPUs are virtual: a job that "holds" one holds
+an exclusive lock on a file named after it (`gpu-N.lock`), so the next job on that GPU can tell
+whether it is really free.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -18,6 +20,8 @@ import pytest
 
 from preemptible.errors import JobNotFoundError, JobStateError, RequestError, StateStoreError
 from preemptible.queue.core import parse_config
+from preemptible.queue.service import containment
+from preemptible.queue.service.containment import Mechanism
 from preemptible.queue.service.executor import ProcessExecutor
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.server import build_manager
@@ -55,21 +59,40 @@ STUBBORN = (
 _MANAGERS: list[QueueManager] = []
 
 
-def manager(state: Path) -> QueueManager:
-    m = build_manager(parse_config(CONFIG), state, url="http://127.0.0.1:9")
+def manager(state: Path, mechanism: Mechanism | None = None) -> QueueManager:
+    """A manager on `state`; its jobs contained by `mechanism` (default: the host's best)."""
+    executor = None if mechanism is None else ProcessExecutor(containment=mechanism)
+    m = build_manager(parse_config(CONFIG), state, url="http://127.0.0.1:9", executor=executor)
     _MANAGERS.append(m)
     return m
 
 
 @pytest.fixture(autouse=True)
 def no_job_outlives_its_test():
-    """Jobs still running when a test ends (a requeued borrower runs again) are killed."""
+    """Jobs still running when a test ends (a requeued borrower runs again) are killed, every
+    process of them, and waited for (their cgroups are removed)."""
     yield
     while _MANAGERS:
-        for record in _MANAGERS.pop().jobs.values():
-            if record.handle is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(record.handle.pid, signal.SIGKILL)
+        m = _MANAGERS.pop()
+        for record in m.jobs.values():
+            handle = record.handle
+            if handle is not None:
+                m.executor.kill(handle)
+                deadline = time.monotonic() + 10
+                while m.executor.poll(handle) is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+
+
+CHOSEN_AND_SUBREAPER = [None, Mechanism.SUBREAPER]
+"""The host's best (a cgroup where it offers one), and the subreaper forced."""
+
+
+@pytest.fixture(params=CHOSEN_AND_SUBREAPER, ids=["chosen", "subreaper"])
+def mechanism(request: pytest.FixtureRequest) -> Mechanism | None:
+    forced = request.param
+    if forced is not None and not containment.probe(forced).available:
+        pytest.skip(f"{forced} is not offered here: {containment.probe(forced).why}")
+    return forced
 
 
 def submit(
@@ -108,6 +131,172 @@ def running(m: QueueManager, job_id: str) -> None:
 
 def state_of(m: QueueManager, job_id: str) -> JobState:
     return m.get_job(job_id).state
+
+
+# A job whose main process starts a holder as a daemonising launcher does (fork, setsid, fork
+# again, the middle one exits): the holder takes the job's GPUs (locks gpu-N.lock for each N
+# in CUDA_VISIBLE_DEVICES), ignores SIGTERM and holds them for two minutes. The main process
+# then prints 'ready' and saves and exits on SIGTERM, or ignores it (with "ignores" in
+# HOLDER_JOB's place of STOP).
+HOLDER_JOB = (
+    "import fcntl, os, signal, sys, time\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    if os.fork() == 0:\n"
+    "        signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "        gpus = os.environ['CUDA_VISIBLE_DEVICES'].split(',')\n"
+    "        held = [open(f'gpu-{gpu}.lock', 'w') for gpu in gpus]\n"
+    "        for lock in held:\n"
+    "            fcntl.flock(lock, fcntl.LOCK_EX)\n"
+    "        open('holder.tmp', 'w').write(f'{os.getpid()}\\n')\n"
+    "        os.rename('holder.tmp', 'holder')\n"
+    "        time.sleep(120)\n"
+    "    os._exit(0)\n"
+    "os.wait()\n"
+    "while not os.path.exists('holder'):\n"
+    "    time.sleep(0.005)\n"
+    "STOP\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+SAVES = "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))"
+IGNORES = "signal.signal(signal.SIGTERM, signal.SIG_IGN)"
+# The next job on those GPUs: when it starts, it tries each GPU's lock without waiting.
+NEXT_JOB = (
+    "import fcntl, json, os, time\n"
+    "started = time.time()\n"
+    "gpus = os.environ['CUDA_VISIBLE_DEVICES'].split(',')\n"
+    "free = []\n"
+    "for gpu in gpus:\n"
+    "    try:\n"
+    "        fcntl.flock(open(f'gpu-{gpu}.lock', 'w'), fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+    "        free.append(gpu)\n"
+    "    except BlockingIOError:\n"
+    "        pass\n"
+    "json.dump({'started': started, 'gpus': gpus, 'free': free}, open('next.json', 'w'))\n"
+)
+
+
+def holder_pid(workdir: Path) -> int:
+    return int((workdir / "holder").read_text())
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie (dead, not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2 :].split()[0] in "ZX"
+
+
+def assert_next_job_got_the_gpus_after(m: QueueManager, first: str, workdir: Path) -> None:
+    """The next job ran on the first job's GPUs and found them free when it started, after
+    the first job's run had ended (as recorded), and no process of the first job is left."""
+    seen = json.loads((workdir / "next.json").read_text())
+    assert seen["gpus"] == ["0", "1"]
+    assert seen["free"] == ["0", "1"], "the next job started while the holder held its GPUs"
+    assert seen["started"] > m.jobs[first].runs[-1][1]
+    assert gone(holder_pid(workdir))
+
+
+@pytest.mark.parametrize("main", [SAVES, IGNORES], ids=["saves", "ignores-the-notice"])
+def test_a_cancelled_job_keeps_its_gpus_until_its_last_process_is_gone(tmp_path, mechanism, main):
+    m = manager(tmp_path / "state", mechanism)
+    first = submit(m, "a", HOLDER_JOB.replace("STOP", main), gpus=2, cwd=tmp_path)
+    running(m, first.id)
+    holder = holder_pid(tmp_path)
+    handle = m.jobs[first.id].handle
+
+    m.cancel(first.id)
+    nxt = submit(m, "a", NEXT_JOB, gpus=2, cwd=tmp_path)
+
+    until(m, lambda: state_of(m, first.id) is JobState.CANCELLED)
+    assert gone(holder)
+    until(m, lambda: state_of(m, nxt.id) is JobState.COMPLETED)
+    assert_next_job_got_the_gpus_after(m, first.id, tmp_path)
+    killed = [e.data["killed"] for e in m.events(job_id=first.id) if e.kind == "cancelled"]
+    assert killed == [main == IGNORES]  # killed at the deadline only when it ignored the notice
+    expected_cgroup = (mechanism or m.executor.containment.mechanism).is_cgroup
+    assert (handle.cgroup is not None) == expected_cgroup
+
+
+def test_a_restarted_manager_reaches_every_process_of_an_adopted_job(tmp_path, mechanism):
+    state = tmp_path / "state"
+    m = manager(state, mechanism)
+    first = submit(m, "a", HOLDER_JOB.replace("STOP", SAVES), gpus=2, cwd=tmp_path)
+    running(m, first.id)
+    holder = holder_pid(tmp_path)
+    m.store.close()
+    del m  # the manager dies without a word (its thread never ran)
+
+    again = manager(state)  # it chooses afresh; the handle says how the job is contained
+    assert state_of(again, first.id) is JobState.RUNNING
+    again.cancel(first.id)
+    nxt = submit(again, "a", NEXT_JOB, gpus=2, cwd=tmp_path)
+
+    until(again, lambda: state_of(again, first.id) is JobState.CANCELLED)
+    assert gone(holder)
+    until(again, lambda: state_of(again, nxt.id) is JobState.COMPLETED)
+    assert_next_job_got_the_gpus_after(again, first.id, tmp_path)
+
+
+def test_a_restart_finds_a_contained_run_whose_launch_it_did_not_save(
+    tmp_path, monkeypatch, mechanism
+):
+    # The manager dies between launching a job and saving its handle: once restarted, it finds
+    # the runner by its command line, which also says how the job is contained.
+    state = tmp_path / "state"
+    m = manager(state, mechanism)
+    first = submit(m, "a", HOLDER_JOB.replace("STOP", SAVES), gpus=2, cwd=tmp_path)
+    monkeypatch.setattr(m.book, "save", lambda record: None)  # the handle never reaches the file
+    running(m, first.id)
+    launched = m.jobs[first.id].handle
+    holder = holder_pid(tmp_path)
+    assert m.store.load_jobs()[0][2]["handle"] is None
+    m.store.close()
+    del m
+    monkeypatch.undo()
+
+    again = manager(state)
+    assert again.jobs[first.id].handle == launched
+    again.cancel(first.id)
+    nxt = submit(again, "a", NEXT_JOB, gpus=2, cwd=tmp_path)
+
+    until(again, lambda: state_of(again, nxt.id) is JobState.COMPLETED)
+    assert state_of(again, first.id) is JobState.CANCELLED
+    assert_next_job_got_the_gpus_after(again, first.id, tmp_path)
+    assert gone(holder)
+
+
+def test_a_restart_kills_what_a_dead_runner_left_before_handing_its_gpus_on(tmp_path):
+    # The runner is SIGKILLed alone while the manager is down: in a cgroup, its job lives on
+    # (a subreaper's adopted orphans would go to init with it: that one has no cgroup to find).
+    chosen = containment.choose()
+    if not chosen.mechanism.is_cgroup:
+        pytest.skip(f"no cgroup on this host: {chosen.why}")
+    state = tmp_path / "state"
+    m = manager(state)
+    first = submit(m, "a", HOLDER_JOB.replace("STOP", IGNORES), gpus=2, cwd=tmp_path)
+    running(m, first.id)
+    holder = holder_pid(tmp_path)
+    runner_pid = m.jobs[first.id].handle.pid
+    m.store.close()
+    del m
+    os.kill(runner_pid, signal.SIGKILL)
+
+    again = manager(state)
+    recovered = [e.reason for e in again.events(job_id=first.id) if e.kind == "recovered"]
+    assert recovered == [
+        "its runner was gone but not all its processes: they are killed, then it ends"
+    ]
+    again.cancel(first.id)  # else it would run again, as a job that vanished does
+    nxt = submit(again, "a", NEXT_JOB, gpus=2, cwd=tmp_path)
+
+    until(again, lambda: state_of(again, nxt.id) is JobState.COMPLETED)
+    assert state_of(again, first.id) is JobState.CANCELLED
+    assert_next_job_got_the_gpus_after(again, first.id, tmp_path)
+    assert gone(holder)
 
 
 def test_a_job_runs_with_its_gpus_and_token_and_its_exit_is_recorded(tmp_path):
