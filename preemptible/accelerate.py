@@ -49,6 +49,7 @@ from preemptible import (
     ConfigError,
     Context,
     CostTracker,
+    NoValidCheckpointError,
     RNGState,
     forget_process_groups,
 )
@@ -576,15 +577,20 @@ class _Store:
         restored: int | None = None
         if source is not None:
             restored = self._restore_from(source, state, step)
+        corrupt: list[NoValidCheckpointError] = []
         for _, url in reversed(folders if source is None else []):
-            restored = self._try(url, state, step)
+            restored = self._try(url, state, step, corrupt)
             if restored is not None:
                 break
         if restored is not None:
             self._cost.record_restore(time.perf_counter() - started)
+        elif corrupt:
+            raise _none_valid(self.root, corrupt)
         return restored
 
-    def _try(self, url: str, state: Any, step: int | None) -> int | None:
+    def _try(
+        self, url: str, state: Any, step: int | None, corrupt: list[NoValidCheckpointError]
+    ) -> int | None:
         store = self._open(url)
         latest = store.latest()
         if latest is None:
@@ -593,10 +599,12 @@ class _Store:
         if step is not None and latest.step != step:
             return None
         self._check_processes(url, latest)
-        restored = store.restore(state)  # a corrupt one is skipped with a warning
-        if restored is None:
+        try:
+            return store.restore(state)  # a corrupt one is skipped with a warning
+        except NoValidCheckpointError as e:
             log.warning("%s failed verification; falling back to the checkpoint before it", url)
-        return restored
+            corrupt.append(e)
+            return None
 
     def _restore_from(self, url: str, state: Any, step: int | None) -> int:
         store = self._open(url)
@@ -654,6 +662,22 @@ def _load_rng_states(loader: Any, states: dict[str, Any]) -> None:
     RNGState().load_state_dict(states["global"])
     for generator, rng in zip(_gens(loader), states["loader"], strict=True):
         generator.set_state(rng)
+
+
+def _none_valid(root: str, corrupt: list[NoValidCheckpointError]) -> NoValidCheckpointError:
+    """Every committed ``checkpoint_{i}`` failed: which steps, why, and how to start over."""
+    steps = [s for e in corrupt for s in e.steps]
+    problems = [p for e in corrupt for p in e.problems]
+    listed = "".join(f"\n  {p}" for p in problems)
+    return NoValidCheckpointError(
+        f"every committed checkpoint folder under {root} fails verification (steps "
+        f"{', '.join(map(str, steps))}), so none was restored and nothing was changed:{listed}\n"
+        "`preemptible ckpt verify FOLDER` shows each one. To start over from step 0, move "
+        'those folders away, or pass on_no_valid_checkpoint="start_over" to '
+        "PreemptibleAccelerator",
+        steps=steps,
+        problems=problems,
+    )
 
 
 def _check_distributed_type(accelerator: Any) -> None:

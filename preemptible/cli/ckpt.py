@@ -193,7 +193,8 @@ def verify(
         if bad:
             out.print(
                 f"[red]{len(bad)} damaged checkpoint(s)[/]: restore() skips them and falls back to "
-                "the newest valid one; delete them or restore from a copy"
+                "the newest valid one (and refuses to start over when none is valid); delete "
+                "them or restore from a copy"
             )
     raise typer.Exit(1 if bad else 0)
 

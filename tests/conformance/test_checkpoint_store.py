@@ -12,6 +12,7 @@ import torch
 from preemptible.errors import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,
+    NoValidCheckpointError,
     PreemptibleWarning,
     StateMismatchError,
     UnsupportedStateError,
@@ -173,6 +174,25 @@ def test_restore_falls_back_to_the_newest_valid_checkpoint_with_a_warning(root):
     with pytest.warns(PreemptibleWarning, match="step 2"):
         assert ckpt.restore(state) == 1
     assert_same(make_state(1), state)
+
+
+def test_when_every_checkpoint_is_corrupt_restore_and_load_say_which_instead_of_none(root):
+    ckpt = root.checkpointer(keep=None)
+    ckpt.save(1, make_state(1))
+    ckpt.save(2, make_state(2))
+    _flip_byte(root, _data_files(root, 1)[0])
+    _truncate(root, _data_files(root, 2)[0])
+    state = make_state(0)
+    with pytest.warns(PreemptibleWarning), pytest.raises(NoValidCheckpointError) as err:
+        ckpt.restore(state)
+    assert err.value.steps == [2, 1]
+    message = str(err.value)
+    assert "checksum mismatch" in message and "truncated" in message
+    assert 'on_no_valid_checkpoint="start_over"' in message and "ckpt verify" in message
+    assert isinstance(err.value, CheckpointCorruptedError)
+    assert_same(make_state(0), state)  # nothing was loaded
+    with pytest.warns(PreemptibleWarning), pytest.raises(NoValidCheckpointError):
+        ckpt.load()
 
 
 def test_restore_of_a_named_corrupt_step_raises_and_leaves_the_state_untouched(root):
