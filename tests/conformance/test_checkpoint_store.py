@@ -15,6 +15,7 @@ from preemptible.errors import (
     NoValidCheckpointError,
     PreemptibleWarning,
     StateMismatchError,
+    StorageError,
     UnsupportedStateError,
 )
 from tests.helpers import assert_same, make_state
@@ -218,6 +219,46 @@ def test_a_committed_step_is_never_overwritten_by_a_second_writer(root):
     assert first.verify(5).ok
     files = root.fs.find(f"{root.path}/step-000000000005")
     assert len(files) == info.files + 1  # the loser's files are gone: data + index + manifest
+
+
+def test_a_save_at_the_step_of_a_corrupt_checkpoint_moves_it_aside_and_commits(root):
+    first, second = root.checkpointer(), root.checkpointer()
+    first.save(4, make_state(4))
+    first.save(5, make_state(5))
+    victim = _data_files(root, 5)[0]
+    _flip_byte(root, victim)
+    with pytest.warns(PreemptibleWarning, match="step 5 .* is corrupt") as caught:
+        info = second.save(5, make_state(55))
+    assert victim.rsplit("/", 1)[-1] in str(caught[0].message)
+    assert "checksum mismatch" in str(caught[0].message)
+    assert info.step == 5 and second.verify(5).ok
+    assert_same(make_state(55), first.load(5))
+    root.fs.invalidate_cache()
+    files = root.fs.find(f"{root.path}/step-000000000005")
+    assert len(files) == info.files + 1  # the corrupt one's files are gone: data + index + manifest
+    assert [i.step for i in first.list()] == [4, 5]
+
+
+def test_discard_if_corrupt_moves_a_corrupt_checkpoint_aside_and_keeps_a_valid_one(root):
+    ckpt = root.checkpointer(keep=None)
+    ckpt.save(1, make_state(1))
+    ckpt.save(2, make_state(2))
+    assert ckpt.discard_if_corrupt(1).ok
+    _flip_byte(root, _data_files(root, 2)[0])
+    with pytest.warns(PreemptibleWarning, match="step 2 .* is corrupt .* trash"):
+        report = ckpt.discard_if_corrupt(2)
+    assert not report.ok and "checksum mismatch" in report.problems[0]
+    assert [i.step for i in ckpt.list()] == [1]
+    assert_same(make_state(1), ckpt.load())
+
+
+def test_a_save_never_replaces_a_step_folder_whose_manifest_it_cannot_read(root):
+    ckpt = root.checkpointer()
+    _plant(root, "step-000000000003/manifest.json", b"{not json")
+    with pytest.raises(StorageError, match=r"step-000000000003 is in the way .* not valid JSON"):
+        ckpt.save(3, make_state(3))
+    root.fs.invalidate_cache()
+    assert root.fs.cat_file(f"{root.path}/step-000000000003/manifest.json") == b"{not json"
 
 
 def test_a_writer_that_raced_past_the_existence_check_still_loses(root, monkeypatch):
