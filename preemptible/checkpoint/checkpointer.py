@@ -321,7 +321,7 @@ class Checkpointer(CheckpointReader):
             nbytes=info.bytes,
             at=time.time(),
         )
-        self._maybe_clean_up()
+        self._maybe_clean_up(step)
 
     def _pick_async_mode(self, flat: Flattened) -> AsyncMode:
         mode = self.async_mode
@@ -505,7 +505,7 @@ class Checkpointer(CheckpointReader):
 
     # --- retention and garbage collection ----------------------------------------------------
 
-    def _maybe_clean_up(self) -> None:
+    def _maybe_clean_up(self, saved: int | None = None) -> None:
         """Apply retention and collect garbage; failures are logged, never raised.
 
         The save that triggered this has committed; losing a cleanup must not fail training.
@@ -513,16 +513,18 @@ class Checkpointer(CheckpointReader):
         if self._rank_and_world()[0] != 0:
             return  # one rank deletes; the others would race it for nothing
         try:
-            self._clean_up()
+            self._clean_up(saved)
         except Exception as e:
             log.warning(
                 "checkpoint cleanup under %s failed (will retry next save): %r", self.url, e
             )
 
-    def _clean_up(self) -> None:
+    def _clean_up(self, saved: int | None = None) -> None:
         committed, ignored = self._scan()
         steps = [m.step for _, m in committed]
-        doomed = set(steps_to_delete(steps, keep=self.keep, keep_every=self.keep_every))
+        doomed = set(
+            steps_to_delete(steps, keep=self.keep, keep_every=self.keep_every, saved=saved)
+        )
         for dirname, manifest in committed:
             if manifest.step in doomed:
                 log.info("retention: deleting checkpoint step %d under %s", manifest.step, self.url)

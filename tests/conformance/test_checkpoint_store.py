@@ -252,6 +252,21 @@ def test_discard_if_corrupt_moves_a_corrupt_checkpoint_aside_and_keeps_a_valid_o
     assert_same(make_state(1), ckpt.load())
 
 
+def test_saves_after_a_fallback_past_corrupt_checkpoints_are_not_lost_to_retention(root):
+    ckpt = root.checkpointer(keep=2, keep_every=10)
+    for step in (10, 18, 19):
+        ckpt.save(step, make_state(step))
+    for step in (18, 19):
+        _flip_byte(root, _data_files(root, step)[0])
+    with pytest.warns(PreemptibleWarning):
+        assert ckpt.restore(make_state(0)) == 10
+    ckpt.save(11, make_state(11))  # the newest two are the corrupt ones: 11 stays all the same
+    ckpt.save(12, make_state(12))
+    assert [i.step for i in ckpt.list()] == [10, 12, 18, 19]
+    with pytest.warns(PreemptibleWarning):
+        assert ckpt.restore(make_state(0)) == 12
+
+
 def test_a_save_never_replaces_a_step_folder_whose_manifest_it_cannot_read(root):
     ckpt = root.checkpointer()
     _plant(root, "step-000000000003/manifest.json", b"{not json")
