@@ -101,6 +101,10 @@ class PreemptibleAccelerator:
         exit_code: exit code after a notice save (default ``128 + signum``).
         signals: the notices to handle (default SIGTERM, SIGUSR1, SIGINT).
         cost_file: where to write measured costs (default ``$PREEMPTIBLE_COST_FILE``).
+        on_no_valid_checkpoint: when checkpoints exist but every one fails verification:
+            ``"fail"`` (the default) raises `NoValidCheckpointError`, which names them;
+            ``"start_over"`` starts at step 0 (new saves take new numbers; ``total_limit``
+            deletes the corrupt ones, oldest first).
 
     Raises:
         ConfigError: no place for checkpoints, a ``total_limit`` below 1, or a distributed type
@@ -116,6 +120,7 @@ class PreemptibleAccelerator:
         exit_code: int | None = None,
         signals: tuple[int, ...] | None = None,
         cost_file: str | os.PathLike[str] | None = None,
+        on_no_valid_checkpoint: str = "fail",
     ) -> None:
         _check_distributed_type(accelerator)
         config = accelerator.project_configuration
@@ -134,6 +139,7 @@ class PreemptibleAccelerator:
             async_save=False,
             exit_code=exit_code,
             cost_file=cost_file,
+            on_no_valid_checkpoint=on_no_valid_checkpoint,
             **options,
         )
         self._loop = _LoopState(self)
@@ -577,7 +583,7 @@ class _Store:
         restored: int | None = None
         if source is not None:
             restored = self._restore_from(source, state, step)
-        corrupt: list[NoValidCheckpointError] = []
+        corrupt: list[tuple[str, NoValidCheckpointError]] = []
         for _, url in reversed(folders if source is None else []):
             restored = self._try(url, state, step, corrupt)
             if restored is not None:
@@ -589,7 +595,11 @@ class _Store:
         return restored
 
     def _try(
-        self, url: str, state: Any, step: int | None, corrupt: list[NoValidCheckpointError]
+        self,
+        url: str,
+        state: Any,
+        step: int | None,
+        corrupt: list[tuple[str, NoValidCheckpointError]],
     ) -> int | None:
         store = self._open(url)
         latest = store.latest()
@@ -600,11 +610,12 @@ class _Store:
             return None
         self._check_processes(url, latest)
         try:
-            return store.restore(state)  # a corrupt one is skipped with a warning
+            restored = store.restore(state)  # a corrupt one is skipped with a warning
         except NoValidCheckpointError as e:
             log.warning("%s failed verification; falling back to the checkpoint before it", url)
-            corrupt.append(e)
+            corrupt.append((url, e))
             return None
+        return restored
 
     def _restore_from(self, url: str, state: Any, step: int | None) -> int:
         store = self._open(url)
@@ -664,10 +675,12 @@ def _load_rng_states(loader: Any, states: dict[str, Any]) -> None:
         generator.set_state(rng)
 
 
-def _none_valid(root: str, corrupt: list[NoValidCheckpointError]) -> NoValidCheckpointError:
+def _none_valid(
+    root: str, corrupt: list[tuple[str, NoValidCheckpointError]]
+) -> NoValidCheckpointError:
     """Every committed ``checkpoint_{i}`` failed: which steps, why, and how to start over."""
-    steps = [s for e in corrupt for s in e.steps]
-    problems = [p for e in corrupt for p in e.problems]
+    steps = [s for _, e in corrupt for s in e.steps]
+    problems = [f"{url}: {p}" for url, e in corrupt for p in e.problems]
     listed = "".join(f"\n  {p}" for p in problems)
     return NoValidCheckpointError(
         f"every committed checkpoint folder under {root} fails verification (steps "

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,9 @@ from preemptible import (
     CheckpointError,
     CheckpointFormatError,
     CheckpointNotFoundError,
+    ConfigError,
+    NoValidCheckpointError,
+    PreemptibleWarning,
     PreemptionGuard,
     RNGState,
 )
@@ -153,6 +157,9 @@ class PreemptionCallback(Callback):
             `resume_path` sees its saves too.
         guard: an installed guard to share with other code; else one is made and installed here.
         storage_options: fsspec options for listing ``dirpath``.
+        on_no_valid_checkpoint: when `resume_path` finds checkpoints of ours and every one fails
+            verification: ``"fail"`` (the default) raises `NoValidCheckpointError`, which names
+            them; ``"start_over"`` returns None (training starts over; new saves replace them).
     """
 
     def __init__(
@@ -161,10 +168,17 @@ class PreemptionCallback(Callback):
         *,
         guard: PreemptionGuard | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        on_no_valid_checkpoint: str = "fail",
     ) -> None:
+        if on_no_valid_checkpoint not in ("fail", "start_over"):
+            raise ConfigError(
+                f"on_no_valid_checkpoint must be 'fail' or 'start_over', got "
+                f"{on_no_valid_checkpoint!r}"
+            )
         self.dirpath = os.fspath(dirpath)
         self.storage_options = dict(storage_options or {})
         self.guard = guard if guard is not None else PreemptionGuard()
+        self.on_no_valid_checkpoint = on_no_valid_checkpoint
         self._owns_guard = guard is None
 
     # --- resuming ---------------------------------------------------------------------------
@@ -174,12 +188,18 @@ class PreemptionCallback(Callback):
 
         Newest means the highest ``global_step``, then the latest commit: a preemption save
         mid-epoch is newer than the last epoch's ``ModelCheckpoint`` file. A checkpoint whose
-        checksums fail is skipped, so a corrupted newest file costs progress, not the run.
+        checksums fail is skipped with a `PreemptibleWarning`, so a corrupted newest file costs
+        progress, not the run.
+
+        Raises:
+            NoValidCheckpointError: checkpoints of ours exist and every one fails verification
+                (unless ``on_no_valid_checkpoint="start_over"``).
         """
         fs, root = fsspec.core.url_to_fs(self.dirpath, **self.storage_options)
         if not fs.exists(root):
             return None
         best: tuple[tuple[int, float], str] | None = None
+        corrupt: list[tuple[int, str]] = []
         for entry in fs.ls(root, detail=False):
             name = posixpath.basename(entry.rstrip("/"))
             if not name.endswith(".ckpt"):
@@ -188,14 +208,41 @@ class PreemptionCallback(Callback):
             store = Checkpointer(path, keep=None, storage_options=self.storage_options or None)
             try:
                 info = store.latest()
-                if info is None or not store.verify(info.step).ok:
+                if info is None:
                     continue
+                report = store.verify(info.step)
             except (CheckpointError, OSError):
                 continue
-            key = (int(info.metadata.get("global_step", -1)), info.created_at)
+            step = int(info.metadata.get("global_step", -1))
+            if not report.ok:
+                problem = f"{path} (global step {step}): {'; '.join(report.problems)}"
+                warnings.warn(f"skipping {problem}", PreemptibleWarning, stacklevel=2)
+                corrupt.append((step, problem))
+                continue
+            key = (step, info.created_at)
             if best is None or key > best[0]:
                 best = (key, path)
+        if best is None and corrupt:
+            self._no_valid_checkpoint(sorted(corrupt, reverse=True))
         return None if best is None else best[1]
+
+    def _no_valid_checkpoint(self, corrupt: list[tuple[int, str]]) -> None:
+        listed = "".join(f"\n  {problem}" for _, problem in corrupt)
+        if self.on_no_valid_checkpoint == "start_over":
+            log.warning(
+                "no valid checkpoint under %s: starting over, as on_no_valid_checkpoint="
+                '"start_over" asks; corrupt:%s',
+                self.dirpath,
+                listed,
+            )
+            return
+        raise NoValidCheckpointError(
+            f"every checkpoint under {self.dirpath} fails verification, so there is none to "
+            f"resume from:{listed}\nTo start over from step 0, move them away, or pass "
+            'on_no_valid_checkpoint="start_over" to PreemptionCallback',
+            steps=[step for step, _ in corrupt],
+            problems=[problem for _, problem in corrupt],
+        )
 
     # --- state ------------------------------------------------------------------------------
 

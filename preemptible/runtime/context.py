@@ -5,6 +5,8 @@ consistent:
 
 1. When ``steps()`` starts: install the guard, restore the newest valid checkpoint (after the
    user's ``register`` calls and seeding, so restored RNG states win), continue at ``step + 1``.
+   Committed checkpoints that all fail verification stop the job (`NoValidCheckpointError`)
+   unless it asks to start over.
 2. After each step: agree with the other ranks (one small all-reduce) on "stop?" and "save?".
 3. On a notice: wait for a save in flight, save synchronously, report, exit ``128 + signum``.
    Under the queue manager the notice may come from its notice endpoint before the signal,
@@ -25,7 +27,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from preemptible._env_names import COST_FILE_ENV
 from preemptible.checkpoint import CheckpointCost, Checkpointer
-from preemptible.errors import ConfigError, PreemptibleError
+from preemptible.errors import ConfigError, NoValidCheckpointError, PreemptibleError
 from preemptible.runtime.cost_file import write_cost_file
 from preemptible.runtime.deadline import GRACE_SAFETY, GraceCheck
 from preemptible.runtime.elastic import StepAgreement
@@ -43,6 +45,8 @@ RESERVED_KEY = "_preemptible"
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+ON_NO_VALID_CHECKPOINT = ("fail", "start_over")
 
 
 class Context:
@@ -68,6 +72,9 @@ class Context:
             rank 0 only.
         grace_safety: warn when the grace period is shorter than this many saves (p95), at
             start and after each save, saying which setting to change.
+        on_no_valid_checkpoint: when committed checkpoints exist but every one fails
+            verification: ``"fail"`` (the default) raises `NoValidCheckpointError`, which names
+            them; ``"start_over"`` moves them aside with a warning and starts at step 0.
     """
 
     def __init__(
@@ -88,9 +95,16 @@ class Context:
         queue_link: QueueLink | None = None,
         reporters: Reporters | None = None,
         grace_safety: float = GRACE_SAFETY,
+        on_no_valid_checkpoint: str = "fail",
     ):
         if interval not in (None, "auto"):
             raise ConfigError(f"interval must be None or 'auto', got {interval!r}")
+        if on_no_valid_checkpoint not in ON_NO_VALID_CHECKPOINT:
+            raise ConfigError(
+                f"on_no_valid_checkpoint must be 'fail' or 'start_over', got "
+                f"{on_no_valid_checkpoint!r}"
+            )
+        self.on_no_valid_checkpoint = on_no_valid_checkpoint
         if checkpointer is None:
             if checkpoint_dir is None:
                 raise ConfigError("give a checkpoint_dir (or a Checkpointer)")
@@ -168,7 +182,12 @@ class Context:
     # --- the loop -----------------------------------------------------------------------------
 
     def steps(self, total: int) -> Iterator[int]:
-        """Yield ``start .. total-1``, where ``start`` follows the restored checkpoint."""
+        """Yield ``start .. total-1``, where ``start`` follows the restored checkpoint.
+
+        Raises:
+            NoValidCheckpointError: every committed checkpoint fails verification (see
+                ``on_no_valid_checkpoint``).
+        """
         if total < 0:
             raise ConfigError(f"total must be >= 0, got {total}")
         self._begin()
@@ -227,10 +246,16 @@ class Context:
         if self.queue_link is not None:
             self.queue_link.start(on_notice=self._queue_notice, on_terms=self._queue_terms)
         started = time.perf_counter()
-        restored = self.checkpointer.restore(self._state())
+        invalid: NoValidCheckpointError | None = None
+        try:
+            restored = self.checkpointer.restore(self._state())
+        except NoValidCheckpointError as e:  # nothing was loaded; the ranks decide together
+            restored, invalid = None, e
         # Ranks may disagree (one rank's shard was corrupt and it fell back): use the oldest.
-        agreed = self._agreement.same_step(restored)
-        if agreed != restored:
+        agreed, newest, none_valid = self._agreement.restored(restored, invalid is not None)
+        if none_valid:
+            self._no_valid_checkpoint(invalid, newest)
+        elif agreed != restored:
             if agreed is None:
                 raise PreemptibleError(
                     "some ranks found no checkpoint to restore while others did; the checkpoint "
@@ -244,6 +269,39 @@ class Context:
             log.info("resumed from step %d in %.2f s", self.resumed_from, self.restore_seconds)
             self._check_grace_at_start(self.resumed_from)
         self._last_save_at = time.monotonic()
+
+    def _no_valid_checkpoint(
+        self, invalid: NoValidCheckpointError | None, newest: int | None
+    ) -> None:
+        """Some rank found committed checkpoints and none valid: fail, or start over."""
+        url = self.checkpointer.url
+        if newest is not None:  # other ranks have loaded a checkpoint: no clean start over
+            if invalid is not None:
+                raise invalid
+            raise PreemptibleError(
+                f"another rank found no valid checkpoint under {url} while this one restored "
+                f"step {newest}: that rank's files fail verification (its error names them; "
+                f"`preemptible ckpt verify {url}` checks every rank's). Move the corrupt "
+                "checkpoints away and start the job again"
+            )
+        if self.on_no_valid_checkpoint != "start_over":
+            if invalid is not None:
+                raise invalid
+            raise PreemptibleError(
+                f"another rank found no valid checkpoint under {url} (its error names them); "
+                'pass on_no_valid_checkpoint="start_over" to start over from step 0'
+            )
+        if invalid is None or self.run_env.rank != 0:
+            return  # one rank moves them aside, before its first save
+        log.warning(
+            "no valid checkpoint under %s (steps %s fail verification): starting over from step "
+            '0, as on_no_valid_checkpoint="start_over" asks; moving them aside',
+            url,
+            ", ".join(map(str, invalid.steps)),
+        )
+        if isinstance(self.checkpointer, Checkpointer):  # an adapter's store numbers its own
+            for step in invalid.steps:
+                self.checkpointer.discard_if_corrupt(step)
 
     def _check_grace_at_start(self, step: int) -> None:
         """Before the first save of this run, the restored checkpoint's save time is the

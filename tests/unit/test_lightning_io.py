@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from preemptible import (
     Checkpointer,
     CheckpointFormatError,
     CheckpointNotFoundError,
+    NoValidCheckpointError,
+    PreemptibleWarning,
     UnsupportedStateError,
 )
 from preemptible.lightning import PreemptibleCheckpointIO, PreemptionCallback
@@ -60,7 +63,27 @@ def test_corrupted_file_is_detected(tmp_path: Path) -> None:
     data.write_bytes(bytes(raw))
     with pytest.raises(CheckpointCorruptedError):
         io.load_checkpoint(path)  # its only checkpoint fails verification
-    assert PreemptionCallback(tmp_path).resume_path() is None
+
+
+def test_resume_path_refuses_to_start_over_silently_when_no_checkpoint_is_valid(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    io = PreemptibleCheckpointIO()
+    for name, step in (("last.ckpt", 24), ("preempted.ckpt", 30)):
+        io.save_checkpoint(_checkpoint(step), tmp_path / name)
+        (data,) = (tmp_path / name).glob("step-*/data-*.bin")
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0x10  # a real bit flip
+        data.write_bytes(bytes(raw))
+    with pytest.warns(PreemptibleWarning), pytest.raises(NoValidCheckpointError) as err:
+        PreemptionCallback(tmp_path).resume_path()
+    assert err.value.steps == [30, 24]
+    assert "preempted.ckpt (global step 30)" in str(err.value)
+    assert 'on_no_valid_checkpoint="start_over"' in str(err.value)
+    start_over = PreemptionCallback(tmp_path, on_no_valid_checkpoint="start_over")
+    with pytest.warns(PreemptibleWarning), caplog.at_level(logging.WARNING, "preemptible"):
+        assert start_over.resume_path() is None
+    assert "starting over" in caplog.text and "checksum mismatch" in caplog.text
 
 
 def test_never_unpickles(tmp_path: Path) -> None:
@@ -102,7 +125,8 @@ def test_resume_path_picks_newest_valid(tmp_path: Path) -> None:
     assert callback.resume_path() == str(tmp_path / "ckpt" / "preempted.ckpt")
     (data,) = (tmp_path / "ckpt" / "preempted.ckpt").glob("step-*/data-*.bin")
     data.write_bytes(b"\0" * data.stat().st_size)
-    assert callback.resume_path() == str(tmp_path / "ckpt" / "last.ckpt"), "corrupt one skipped"
+    with pytest.warns(PreemptibleWarning, match="preempted.ckpt"):
+        assert callback.resume_path() == str(tmp_path / "ckpt" / "last.ckpt"), "corrupt: skipped"
 
 
 def test_memory_url(tmp_path: Path) -> None:
