@@ -219,7 +219,13 @@ class PreemptibleAccelerator:
         self.store.source = source
         step = self.store.restore(self.context.state())
         self._sync_iteration()
-        log.info("restored step %s in %.2f s", step, time.perf_counter() - started)
+        if step is not None and self.accelerator.is_main_process:
+            log.info(
+                "resumed from step %d at %s in %.2f s",
+                step,
+                self.store.restored_url,
+                time.perf_counter() - started,
+            )
         return step
 
     # --- the loop -----------------------------------------------------------------------------
@@ -481,6 +487,7 @@ class _Store:
         self.next_index = first_index
         self.source: str | None = None  # a load_state(input_dir): read that, not the newest
         self.last_root: str | None = None
+        self.restored_url: str | None = None  # the checkpoint the last restore loaded
         self._cost = CostTracker()
 
     @property
@@ -615,6 +622,7 @@ class _Store:
             log.warning("%s failed verification; falling back to the checkpoint before it", url)
             corrupt.append((url, e))
             return None
+        self.restored_url = url
         return restored
 
     def _restore_from(self, url: str, state: Any, step: int | None) -> int:
@@ -629,6 +637,7 @@ class _Store:
         self._check_processes(url, latest)
         restored = store.restore(state, step=latest.step if step is None else step)
         assert restored is not None, "restore with a step raises rather than return None"
+        self.restored_url = url
         return restored
 
     def _check_processes(self, url: str, info: CheckpointInfo) -> None:

@@ -10,7 +10,8 @@ Two objects, used together (`docs/ways-in/lightning.md`):
 - `PreemptionCallback` records SIGTERM/SIGUSR1/SIGINT with a `PreemptionGuard`, saves at the end
   of the batch in which the notice arrived (all ranks agreeing), and exits with ``128 + signum``.
   ``trainer.fit(model, ckpt_path=callback.resume_path())`` is the same line on the first run and
-  on every restart: it is None until a checkpoint exists, then the newest valid one.
+  on every restart: it is None until a checkpoint exists, then the newest valid one. A resume
+  logs "resumed from step N at PATH".
 
 Mid-epoch resume at the right batch needs a resumable data loader (torchdata's
 ``StatefulDataLoader``): Lightning saves its state in the loop state and restores it.
@@ -261,6 +262,13 @@ class PreemptionCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._owns_guard and not self.guard.installed:
             self.guard.install()
+
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if trainer.is_global_zero:
+            step = int(checkpoint.get("global_step", 0))
+            log.info("resumed from step %d at %s", step, trainer.ckpt_path)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning has just put its SIGTERM handler over ours (Trainer._run). With several

@@ -126,6 +126,7 @@ class Context:
             reporters = reporters_from_env(os.environ)
         self.reporters = reporters
         self.resumed_from: int | None = None
+        self.resumed_url: str | None = None
         self.restore_seconds: float | None = None
         self.step: int | None = None
         self._exit_code = exit_code
@@ -266,8 +267,7 @@ class Context:
         if self.resumed_from is not None:
             self.restore_seconds = time.perf_counter() - started
             self._last_saved_step = self.resumed_from
-            log.info("resumed from step %d in %.2f s", self.resumed_from, self.restore_seconds)
-            self._check_grace_at_start(self.resumed_from)
+            self._resumed(self.resumed_from)
         self._last_save_at = time.monotonic()
 
     def _no_valid_checkpoint(
@@ -303,12 +303,17 @@ class Context:
             for step in invalid.steps:
                 self.checkpointer.discard_if_corrupt(step)
 
-    def _check_grace_at_start(self, step: int) -> None:
-        """Before the first save of this run, the restored checkpoint's save time is the
-        best estimate of the next one."""
+    def _resumed(self, step: int) -> None:
+        """Say where the run resumed from (rank 0), and, before the first save of this run,
+        check the grace against the restored checkpoint's save time, the best estimate of the
+        next one."""
         if self.run_env.rank != 0:
             return
-        info = next((i for i in self.checkpointer.list() if i.step == step), None)
+        info = next((i for i in reversed(self.checkpointer.list()) if i.step == step), None)
+        self.resumed_url = info.url if info is not None else self.checkpointer.url
+        log.info(
+            "resumed from step %d at %s in %.2f s", step, self.resumed_url, self.restore_seconds
+        )
         if info is not None and info.save_seconds > 0:
             self._check_grace(info.save_seconds, f"the save of step {step}, in an earlier run")
 

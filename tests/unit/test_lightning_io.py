@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 pytest.importorskip("lightning")
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from preemptible import (
     CheckpointCorruptedError,
@@ -138,3 +142,43 @@ def test_memory_url(tmp_path: Path) -> None:
     assert callback.resume_path() == "memory://lt-unit/ckpt/last.ckpt"
     io.remove_checkpoint("memory://lt-unit/ckpt/last.ckpt")
     assert callback.resume_path() is None
+
+
+class _Tiny(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.net(batch[0]).pow(2).mean()
+
+    def train_dataloader(self) -> Any:
+        data = torch.utils.data.TensorDataset(torch.randn(8, 2))
+        return torch.utils.data.DataLoader(data, batch_size=2)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit(ckpt: Path) -> None:
+    preemption = PreemptionCallback(ckpt)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        plugins=[PreemptibleCheckpointIO()],
+        callbacks=[ModelCheckpoint(dirpath=ckpt, save_last=True), preemption],
+    )
+    trainer.fit(_Tiny(), ckpt_path=preemption.resume_path())
+
+
+def test_a_resumed_fit_logs_the_step_and_the_checkpoint_it_resumed_from(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _fit(tmp_path)
+    with caplog.at_level(logging.INFO, "preemptible"):
+        _fit(tmp_path)
+    resumed = [r.message for r in caplog.records if r.message.startswith("resumed from")]
+    assert resumed == [f"resumed from step 4 at {tmp_path / 'last.ckpt'}"]

@@ -234,6 +234,27 @@ def _flip_a_byte(root: Path, step: int) -> None:
     data.write_bytes(bytes(raw))
 
 
+def test_every_resume_logs_the_step_and_the_checkpoint_it_resumed_from_once(tmp_path, caplog):
+    with pytest.raises(SystemExit):
+        make_train(tmp_path, [], async_save=False)(stop_at=2)
+    with caplog.at_level(logging.INFO, logger="preemptible"):
+        make_train(tmp_path, [], async_save=False)()
+    resumed = [r for r in caplog.records if r.message.startswith("resumed from")]
+    assert len(resumed) == 1 and resumed[0].levelno == logging.INFO
+    assert resumed[0].name == "preemptible"
+    where = Checkpointer(tmp_path).storage.describe("step-000000000002")
+    assert resumed[0].message.startswith(f"resumed from step 2 at {where} in ")
+
+
+def test_only_rank_0_logs_the_resume(tmp_path, caplog, monkeypatch):
+    with pytest.raises(SystemExit):
+        make_train(tmp_path, [], async_save=False)(stop_at=2)
+    monkeypatch.setenv("RANK", "1")  # what torchrun sets; no process group: nothing to agree
+    with caplog.at_level(logging.INFO, logger="preemptible"):
+        make_train(tmp_path, [], async_save=False)()
+    assert not [r for r in caplog.records if r.message.startswith("resumed from")]
+
+
 def test_a_corrupt_newest_checkpoint_is_skipped_then_replaced_by_the_save_of_its_step(tmp_path):
     reference = make_train(tmp_path / "ref", [], async_save=False)()
     root = tmp_path / "run"
