@@ -145,6 +145,7 @@ class PreemptibleAccelerator:
         self._loop = _LoopState(self)
         self._registered: dict[str, Any] = {}
         self._started = False
+        self._checked_complete = False
         self._routed = {
             name: accelerator.__dict__.get(name) for name in ("save_state", "load_state")
         }
@@ -235,6 +236,13 @@ class PreemptibleAccelerator:
         if total < 0:
             raise ConfigError(f"total must be >= 0, got {total}")
         self._ensure_started()
+        if not self._checked_complete:
+            self._checked_complete = True
+            if self.context.resumed_from is not None and self._loop.epoch >= total:
+                self._end_process_group()  # as before a notice's exit
+                self.context.already_complete(
+                    self._loop.global_step, f"epochs 0 to {total - 1} are done"
+                )
         while self._loop.epoch < total:
             epoch = self._loop.epoch
             yield epoch

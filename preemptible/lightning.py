@@ -11,7 +11,8 @@ Two objects, used together (`docs/ways-in/lightning.md`):
   of the batch in which the notice arrived (all ranks agreeing), and exits with ``128 + signum``.
   ``trainer.fit(model, ckpt_path=callback.resume_path())`` is the same line on the first run and
   on every restart: it is None until a checkpoint exists, then the newest valid one. A resume
-  logs "resumed from step N at PATH".
+  logs "resumed from step N at PATH"; a finished run started again exits 0 after "already
+  complete at step N" (`AlreadyComplete`).
 
 Mid-epoch resume at the right batch needs a resumable data loader (torchdata's
 ``StatefulDataLoader``): Lightning saves its state in the loop state and restores it.
@@ -29,6 +30,7 @@ from typing import Any
 import fsspec
 
 from preemptible import (
+    AlreadyComplete,
     BackendNotInstalledError,
     Checkpointer,
     CheckpointError,
@@ -153,6 +155,11 @@ class PreemptionCallback(Callback):
     by raising ``SystemExit``, which Lightning turns into its teardown (``on_exception`` hooks,
     loggers closed) before the exit.
 
+    A run resumed from a checkpoint that already ends it (``max_epochs`` or ``max_steps``
+    reached: Lightning trains nothing) exits 0 at the end of ``fit`` by raising `AlreadyComplete`,
+    after logging "already complete at step N", so that the code after ``fit``, which would see
+    no training, does not run.
+
     Args:
         dirpath: where checkpoints live; give ``ModelCheckpoint`` the same one so that
             `resume_path` sees its saves too.
@@ -181,6 +188,7 @@ class PreemptionCallback(Callback):
         self.guard = guard if guard is not None else PreemptionGuard()
         self.on_no_valid_checkpoint = on_no_valid_checkpoint
         self._owns_guard = guard is None
+        self._trained = False
 
     # --- resuming ---------------------------------------------------------------------------
 
@@ -262,6 +270,7 @@ class PreemptionCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._owns_guard and not self.guard.installed:
             self.guard.install()
+        self._trained = False
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -275,9 +284,26 @@ class PreemptionCallback(Callback):
         # processes it broadcasts from inside that handler and raises SIGTERMException at the
         # next batch, which races with our agreement and can end the run with status 0 and no
         # save (seen with ddp on gloo under load); the notice is ours alone during training.
+        self._trained = True
         taken = self.guard.reclaim()
         if taken:
             log.debug("preemption notices by %s are handled by PreemptionCallback alone", taken)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning skips the training loop of a run resumed at its limit and returns from fit
+        # as if it had trained: say so, and leave before the code after fit runs on nothing.
+        if self._trained or trainer.ckpt_path is None or not _limit_reached(trainer):
+            return
+        if self._owns_guard:
+            self.guard.uninstall()  # Lightning calls no teardown hook after this exception
+        limits = f"max_epochs={trainer.max_epochs}, max_steps={trainer.max_steps}"
+        done = AlreadyComplete(
+            trainer.global_step,
+            f"the checkpoint at {trainer.ckpt_path} ends the run ({limits}); nothing left to run",
+        )
+        if trainer.is_global_zero:
+            log.warning("%s", done.message)
+        raise done
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._owns_guard:
@@ -300,6 +326,14 @@ class PreemptionCallback(Callback):
         trainer.should_stop = True
         code = self.guard.exit_code() or 143  # a notice seen only by another rank: SIGTERM's
         raise SystemExit(code)
+
+
+def _limit_reached(trainer: pl.Trainer) -> bool:
+    """Whether the trainer's ``max_steps`` or ``max_epochs`` is reached (-1 or None: no limit)."""
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    if max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps:
+        return True
+    return max_epochs is not None and max_epochs >= 0 and trainer.current_epoch >= max_epochs
 
 
 def _join(base: str, name: str) -> str:

@@ -4,9 +4,9 @@ The loop body stays the user's; the context acts only at step boundaries, where 
 consistent:
 
 1. When ``steps()`` starts: install the guard, restore the newest valid checkpoint (after the
-   user's ``register`` calls and seeding, so restored RNG states win), continue at ``step + 1``.
-   Committed checkpoints that all fail verification stop the job (`NoValidCheckpointError`)
-   unless it asks to start over.
+   user's ``register`` calls and seeding, so restored RNG states win), continue at ``step + 1``;
+   if that was the last step, exit 0 at once (`AlreadyComplete`). Committed checkpoints that
+   all fail verification stop the job (`NoValidCheckpointError`) unless it asks to start over.
 2. After each step: agree with the other ranks (one small all-reduce) on "stop?" and "save?".
 3. On a notice: wait for a save in flight, save synchronously, report, exit ``128 + signum``.
    Under the queue manager the notice may come from its notice endpoint before the signal,
@@ -23,7 +23,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from preemptible._env_names import COST_FILE_ENV
 from preemptible.checkpoint import CheckpointCost, Checkpointer
@@ -47,6 +47,21 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 ON_NO_VALID_CHECKPOINT = ("fail", "start_over")
+
+
+class AlreadyComplete(SystemExit):
+    """The restored checkpoint is the loop's last step: there is nothing left to run.
+
+    Raised by `Context.steps` (and the adapters' loops) when a finished job is started again,
+    after the SDK has logged "already complete at step N". It is a `SystemExit` with status 0,
+    so the program ends successfully without running the code after its loop (which would see
+    no step run). Catch it to run that code anyway.
+    """
+
+    def __init__(self, step: int, detail: str = "") -> None:
+        super().__init__(0)
+        self.step = step
+        self.message = f"already complete at step {step}" + (f": {detail}" if detail else "")
 
 
 class Context:
@@ -186,6 +201,9 @@ class Context:
         """Yield ``start .. total-1``, where ``start`` follows the restored checkpoint.
 
         Raises:
+            AlreadyComplete: the restored checkpoint is step ``total - 1`` or later: the loop
+                has nothing left to run (a finished job started again). It exits with status 0
+                after logging "already complete at step N".
             NoValidCheckpointError: every committed checkpoint fails verification (see
                 ``on_no_valid_checkpoint``).
         """
@@ -193,6 +211,8 @@ class Context:
             raise ConfigError(f"total must be >= 0, got {total}")
         self._begin()
         start = 0 if self.resumed_from is None else self.resumed_from + 1
+        if self.resumed_from is not None and start >= total:
+            self.already_complete(self.resumed_from, f"the loop runs steps 0 to {total - 1}")
         for step in range(start, total):
             self.step = step
             self._in_step = True
@@ -223,6 +243,16 @@ class Context:
         with the same step."""
         self.step = step
         self._at_boundary(step)
+
+    def already_complete(self, step: int, detail: str) -> NoReturn:
+        """The restored checkpoint, at ``step``, is the last the loop needs (``detail`` says
+        why): log "already complete at step N" (rank 0) and exit 0 by raising `AlreadyComplete`.
+        `steps` calls it; a loop it does not run calls it where it finds nothing left to do."""
+        where = f"the checkpoint at {self.resumed_url}" if self.resumed_url else "the checkpoint"
+        done = AlreadyComplete(step, f"{where} ends the run ({detail}); nothing left to run")
+        if self.run_env.rank == 0:
+            log.warning("%s", done.message)
+        raise done
 
     def save(self, step: int) -> None:
         """Checkpoint ``step`` now, blocking, and report what it cost."""

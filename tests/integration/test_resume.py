@@ -1,7 +1,8 @@
-"""A real training program started again over corrupt checkpoints.
+"""A real training program started again: after it finished, and over corrupt checkpoints.
 
-The program is `examples/plain_pytorch.py` (`@preemptible`), run as a subprocess. A job whose
-checkpoints all fail verification must stop and name them, not train from step 0.
+The program is `examples/plain_pytorch.py` (`@preemptible`), run as a subprocess. A finished job
+that is submitted again must say so and exit 0, not crash or print a result it did not compute;
+a job whose checkpoints all fail verification must stop and name them, not train from step 0.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from preemptible import Checkpointer
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "plain_pytorch.py"
@@ -26,6 +29,19 @@ def train(root: Path) -> subprocess.CompletedProcess[str]:
         cwd=REPO,
         timeout=120,
     )
+
+
+def test_a_finished_job_run_again_says_already_complete_and_exits_0(tmp_path):
+    first = train(tmp_path / "ckpt")
+    assert first.returncode == 0, first.stderr
+    assert f"step {STEPS - 1} " in first.stdout and "final loss" in first.stdout
+
+    again = train(tmp_path / "ckpt")
+    assert again.returncode == 0, again.stderr
+    assert f"already complete at step {STEPS - 1}" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert again.stdout == ""  # no step ran, and no "final loss" of a loop that did not run
+    assert [i.step for i in Checkpointer(tmp_path / "ckpt").list()] == [3, 5]
 
 
 def test_a_job_whose_checkpoints_are_all_corrupt_stops_and_names_them(tmp_path):

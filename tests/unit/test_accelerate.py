@@ -5,6 +5,7 @@ behaviour where ours differs on purpose."""
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from accelerate.utils import ProjectConfiguration
 from torch.utils.data import DataLoader, TensorDataset
 
 from preemptible import (
+    AlreadyComplete,
     CheckpointCorruptedError,
     Checkpointer,
     CheckpointFormatError,
@@ -277,6 +279,27 @@ def test_when_every_checkpoint_is_corrupt_the_run_stops_unless_it_starts_over(ru
         assert acc.global_step == 0
         acc.save_state()
     assert _folders(fresh)[-1] == "checkpoint_2", "never reuse a number"
+
+
+def test_a_finished_run_started_again_says_so_and_exits_0(run, caplog):
+    r = run()
+    with PreemptibleAccelerator(r.accelerator) as acc:
+        for _ in acc.epochs(1):
+            r.train(acc, 4)
+        acc.save_state()
+    again = run()
+    ran = []
+    with (
+        caplog.at_level(logging.INFO, logger="preemptible"),
+        PreemptibleAccelerator(again.accelerator) as acc,
+        pytest.raises(SystemExit) as exit_,
+    ):
+        for epoch in acc.epochs(1):
+            ran.append(epoch)
+    assert isinstance(exit_.value, AlreadyComplete) and exit_.value.code == 0 and ran == []
+    assert "resumed from step 4 at " in caplog.text
+    assert "already complete at step 4: the checkpoint at " in caplog.text
+    assert "epochs 0 to 0 are done" in caplog.text
 
 
 def test_accelerates_own_checkpoint_is_refused_not_unpickled_nor_deleted(run, tmp_path):

@@ -15,6 +15,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from preemptible import (
+    AlreadyComplete,
     CheckpointCorruptedError,
     Checkpointer,
     CheckpointFormatError,
@@ -174,11 +175,13 @@ def _fit(ckpt: Path) -> None:
     trainer.fit(_Tiny(), ckpt_path=preemption.resume_path())
 
 
-def test_a_resumed_fit_logs_the_step_and_the_checkpoint_it_resumed_from(
+def test_a_finished_fit_started_again_logs_the_resume_and_exits_0(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     _fit(tmp_path)
-    with caplog.at_level(logging.INFO, "preemptible"):
+    with caplog.at_level(logging.INFO, "preemptible"), pytest.raises(SystemExit) as exit_:
         _fit(tmp_path)
+    assert isinstance(exit_.value, AlreadyComplete) and exit_.value.code == 0
     resumed = [r.message for r in caplog.records if r.message.startswith("resumed from")]
     assert resumed == [f"resumed from step 4 at {tmp_path / 'last.ckpt'}"]
+    assert f"already complete at step 4: the checkpoint at {tmp_path / 'last.ckpt'}" in caplog.text

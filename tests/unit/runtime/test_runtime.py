@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from preemptible import Checkpointer, Context, preemptible
+from preemptible import AlreadyComplete, Checkpointer, Context, preemptible
 from preemptible.errors import ConfigError, NoValidCheckpointError, PreemptibleWarning
 
 
@@ -232,6 +232,25 @@ def _flip_a_byte(root: Path, step: int) -> None:
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 0x10
     data.write_bytes(bytes(raw))
+
+
+def test_a_finished_run_started_again_says_so_and_exits_0_without_running_its_loop(
+    tmp_path, caplog
+):
+    finished = make_train(tmp_path, [], async_save=False)(total=5)
+    seen: list[int] = []
+    with caplog.at_level(logging.INFO, logger="preemptible"), pytest.raises(SystemExit) as exit_:
+        make_train(tmp_path, seen, async_save=False)(total=5)
+    assert isinstance(exit_.value, AlreadyComplete) and exit_.value.code == 0
+    assert exit_.value.step == 4 and seen == []  # no step ran, the code after the loop neither
+    [done] = [r for r in caplog.records if "already complete" in r.message]
+    assert done.levelno == logging.WARNING
+    assert done.message.startswith("already complete at step 4: the checkpoint at ")
+    assert "step-000000000004" in done.message and "steps 0 to 4" in done.message
+    assert [i.step for i in Checkpointer(tmp_path).list()] == [4]  # nothing saved again
+    seen.clear()
+    assert make_train(tmp_path, seen, async_save=False)(total=7) != finished  # more steps: runs
+    assert seen == [5, 6]
 
 
 def test_every_resume_logs_the_step_and_the_checkpoint_it_resumed_from_once(tmp_path, caplog):
