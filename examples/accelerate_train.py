@@ -10,7 +10,8 @@ It prints one line per 10 steps. Send it SIGTERM (``kill <pid>``; under ``accele
 the launcher's pid) or press Ctrl-C: each process finishes its step, they save together, print
 ``preempted: checkpointed step N ...; exiting with 143`` (130 for Ctrl-C) and exit. Run the same
 command again: it prints ``resumed at epoch E, step N`` and continues with the next batch, the
-result bit for bit what an uninterrupted run gives. Checkpoints are the folders
+result bit for bit what an uninterrupted run gives; once it has finished, the same command says
+``already complete at step N`` and exits 0. Checkpoints are the folders
 ``<dir>/checkpoints/checkpoint_<i>``, the last 3 kept; ``preemptible ckpt verify`` reads each.
 """
 
@@ -72,7 +73,7 @@ def main() -> None:
                     )
                 time.sleep(args.step_seconds)
             accelerator.save_state()  # checkpoints/checkpoint_<i>, atomic; old ones go after
-        last = "-" if loss is None else f"{loss.item():.4f}"  # None: nothing was left to do
+        last = "-" if loss is None else f"{loss.item():.4f}"  # None: --epochs 0
         cost = acc.cost
         accelerator.print(
             f"done: {acc.global_step} steps, loss {last}, "

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         GuardError,
         JobNotFoundError,
         JobStateError,
+        NoValidCheckpointError,
         PreemptibleError,
         PreemptibleWarning,
         QueueError,
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
         TraceFormatError,
         UnsupportedStateError,
     )
-    from preemptible.runtime.context import Context, preemptible
+    from preemptible.runtime.context import AlreadyComplete, Context, preemptible
     from preemptible.runtime.rng import RNGState
     from preemptible.runtime.sampler import ResumableSampler
     from preemptible.runtime.signals import PreemptionGuard
@@ -61,6 +62,7 @@ _EXPORTS = {
     "protect_dataloader": "preemptible.runtime.workers",
     "worker_init_fn": "preemptible.runtime.workers",
     "SaveHandle": "preemptible.checkpoint",
+    "AlreadyComplete": "preemptible.runtime.context",
     "Context": "preemptible.runtime.context",
     "preemptible": "preemptible.runtime.context",
     "ResumableSampler": "preemptible.runtime.sampler",
@@ -77,6 +79,7 @@ _EXPORTS = {
     "GuardError": "preemptible.errors",
     "JobNotFoundError": "preemptible.errors",
     "JobStateError": "preemptible.errors",
+    "NoValidCheckpointError": "preemptible.errors",
     "PreemptibleError": "preemptible.errors",
     "PreemptibleWarning": "preemptible.errors",
     "QueueError": "preemptible.errors",
@@ -90,6 +93,7 @@ _EXPORTS = {
 
 __all__ = [
     "AccessDeniedError",
+    "AlreadyComplete",
     "BackendNotInstalledError",
     "BackgroundSaveError",
     "CheckpointCorruptedError",
@@ -105,6 +109,7 @@ __all__ = [
     "GuardError",
     "JobNotFoundError",
     "JobStateError",
+    "NoValidCheckpointError",
     "PreemptibleError",
     "PreemptibleWarning",
     "PreemptionGuard",

@@ -49,6 +49,7 @@ from preemptible import (
     ConfigError,
     Context,
     CostTracker,
+    NoValidCheckpointError,
     RNGState,
     forget_process_groups,
 )
@@ -100,6 +101,10 @@ class PreemptibleAccelerator:
         exit_code: exit code after a notice save (default ``128 + signum``).
         signals: the notices to handle (default SIGTERM, SIGUSR1, SIGINT).
         cost_file: where to write measured costs (default ``$PREEMPTIBLE_COST_FILE``).
+        on_no_valid_checkpoint: when checkpoints exist but every one fails verification:
+            ``"fail"`` (the default) raises `NoValidCheckpointError`, which names them;
+            ``"start_over"`` starts at step 0 (new saves take new numbers; ``total_limit``
+            deletes the corrupt ones, oldest first).
 
     Raises:
         ConfigError: no place for checkpoints, a ``total_limit`` below 1, or a distributed type
@@ -115,6 +120,7 @@ class PreemptibleAccelerator:
         exit_code: int | None = None,
         signals: tuple[int, ...] | None = None,
         cost_file: str | os.PathLike[str] | None = None,
+        on_no_valid_checkpoint: str = "fail",
     ) -> None:
         _check_distributed_type(accelerator)
         config = accelerator.project_configuration
@@ -133,11 +139,13 @@ class PreemptibleAccelerator:
             async_save=False,
             exit_code=exit_code,
             cost_file=cost_file,
+            on_no_valid_checkpoint=on_no_valid_checkpoint,
             **options,
         )
         self._loop = _LoopState(self)
         self._registered: dict[str, Any] = {}
         self._started = False
+        self._checked_complete = False
         self._routed = {
             name: accelerator.__dict__.get(name) for name in ("save_state", "load_state")
         }
@@ -212,7 +220,13 @@ class PreemptibleAccelerator:
         self.store.source = source
         step = self.store.restore(self.context.state())
         self._sync_iteration()
-        log.info("restored step %s in %.2f s", step, time.perf_counter() - started)
+        if step is not None and self.accelerator.is_main_process:
+            log.info(
+                "resumed from step %d at %s in %.2f s",
+                step,
+                self.store.restored_url,
+                time.perf_counter() - started,
+            )
         return step
 
     # --- the loop -----------------------------------------------------------------------------
@@ -222,6 +236,13 @@ class PreemptibleAccelerator:
         if total < 0:
             raise ConfigError(f"total must be >= 0, got {total}")
         self._ensure_started()
+        if not self._checked_complete:
+            self._checked_complete = True
+            if self.context.resumed_from is not None and self._loop.epoch >= total:
+                self._end_process_group()  # as before a notice's exit
+                self.context.already_complete(
+                    self._loop.global_step, f"epochs 0 to {total - 1} are done"
+                )
         while self._loop.epoch < total:
             epoch = self._loop.epoch
             yield epoch
@@ -474,6 +495,7 @@ class _Store:
         self.next_index = first_index
         self.source: str | None = None  # a load_state(input_dir): read that, not the newest
         self.last_root: str | None = None
+        self.restored_url: str | None = None  # the checkpoint the last restore loaded
         self._cost = CostTracker()
 
     @property
@@ -576,15 +598,24 @@ class _Store:
         restored: int | None = None
         if source is not None:
             restored = self._restore_from(source, state, step)
+        corrupt: list[tuple[str, NoValidCheckpointError]] = []
         for _, url in reversed(folders if source is None else []):
-            restored = self._try(url, state, step)
+            restored = self._try(url, state, step, corrupt)
             if restored is not None:
                 break
         if restored is not None:
             self._cost.record_restore(time.perf_counter() - started)
+        elif corrupt:
+            raise _none_valid(self.root, corrupt)
         return restored
 
-    def _try(self, url: str, state: Any, step: int | None) -> int | None:
+    def _try(
+        self,
+        url: str,
+        state: Any,
+        step: int | None,
+        corrupt: list[tuple[str, NoValidCheckpointError]],
+    ) -> int | None:
         store = self._open(url)
         latest = store.latest()
         if latest is None:
@@ -593,9 +624,13 @@ class _Store:
         if step is not None and latest.step != step:
             return None
         self._check_processes(url, latest)
-        restored = store.restore(state)  # a corrupt one is skipped with a warning
-        if restored is None:
+        try:
+            restored = store.restore(state)  # a corrupt one is skipped with a warning
+        except NoValidCheckpointError as e:
             log.warning("%s failed verification; falling back to the checkpoint before it", url)
+            corrupt.append((url, e))
+            return None
+        self.restored_url = url
         return restored
 
     def _restore_from(self, url: str, state: Any, step: int | None) -> int:
@@ -610,6 +645,7 @@ class _Store:
         self._check_processes(url, latest)
         restored = store.restore(state, step=latest.step if step is None else step)
         assert restored is not None, "restore with a step raises rather than return None"
+        self.restored_url = url
         return restored
 
     def _check_processes(self, url: str, info: CheckpointInfo) -> None:
@@ -654,6 +690,24 @@ def _load_rng_states(loader: Any, states: dict[str, Any]) -> None:
     RNGState().load_state_dict(states["global"])
     for generator, rng in zip(_gens(loader), states["loader"], strict=True):
         generator.set_state(rng)
+
+
+def _none_valid(
+    root: str, corrupt: list[tuple[str, NoValidCheckpointError]]
+) -> NoValidCheckpointError:
+    """Every committed ``checkpoint_{i}`` failed: which steps, why, and how to start over."""
+    steps = [s for _, e in corrupt for s in e.steps]
+    problems = [f"{url}: {p}" for url, e in corrupt for p in e.problems]
+    listed = "".join(f"\n  {p}" for p in problems)
+    return NoValidCheckpointError(
+        f"every committed checkpoint folder under {root} fails verification (steps "
+        f"{', '.join(map(str, steps))}), so none was restored and nothing was changed:{listed}\n"
+        "`preemptible ckpt verify FOLDER` shows each one. To start over from step 0, move "
+        'those folders away, or pass on_no_valid_checkpoint="start_over" to '
+        "PreemptibleAccelerator",
+        steps=steps,
+        problems=problems,
+    )
 
 
 def _check_distributed_type(accelerator: Any) -> None:

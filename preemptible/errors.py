@@ -46,6 +46,19 @@ class CheckpointCorruptedError(CheckpointError):
         self.problems = list(problems or [])
 
 
+class NoValidCheckpointError(CheckpointCorruptedError):
+    """Committed checkpoints exist but every one fails verification, so none can be restored.
+
+    ``steps`` lists them, newest first; ``problems`` says what is wrong with each. Raised instead
+    of starting over from step 0 without a word: training from scratch over a root of corrupt
+    checkpoints would throw away every step they hold.
+    """
+
+    def __init__(self, message: str, *, steps: list[int], problems: list[str] | None = None):
+        super().__init__(message, step=steps[0] if steps else None, problems=problems)
+        self.steps = list(steps)
+
+
 class CheckpointFormatError(CheckpointError):
     """A checkpoint's metadata is not in a format this version can read safely."""
 
@@ -129,6 +142,7 @@ __all__ = [
     "GuardError",
     "JobNotFoundError",
     "JobStateError",
+    "NoValidCheckpointError",
     "PreemptibleError",
     "PreemptibleWarning",
     "QueueError",

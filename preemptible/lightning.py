@@ -10,7 +10,9 @@ Two objects, used together (`docs/ways-in/lightning.md`):
 - `PreemptionCallback` records SIGTERM/SIGUSR1/SIGINT with a `PreemptionGuard`, saves at the end
   of the batch in which the notice arrived (all ranks agreeing), and exits with ``128 + signum``.
   ``trainer.fit(model, ckpt_path=callback.resume_path())`` is the same line on the first run and
-  on every restart: it is None until a checkpoint exists, then the newest valid one.
+  on every restart: it is None until a checkpoint exists, then the newest valid one. A resume
+  logs "resumed from step N at PATH"; a finished run started again exits 0 after "already
+  complete at step N" (`AlreadyComplete`).
 
 Mid-epoch resume at the right batch needs a resumable data loader (torchdata's
 ``StatefulDataLoader``): Lightning saves its state in the loop state and restores it.
@@ -21,17 +23,22 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import fsspec
 
 from preemptible import (
+    AlreadyComplete,
     BackendNotInstalledError,
     Checkpointer,
     CheckpointError,
     CheckpointFormatError,
     CheckpointNotFoundError,
+    ConfigError,
+    NoValidCheckpointError,
+    PreemptibleWarning,
     PreemptionGuard,
     RNGState,
 )
@@ -148,11 +155,19 @@ class PreemptionCallback(Callback):
     by raising ``SystemExit``, which Lightning turns into its teardown (``on_exception`` hooks,
     loggers closed) before the exit.
 
+    A run resumed from a checkpoint that already ends it (``max_epochs`` or ``max_steps``
+    reached: Lightning trains nothing) exits 0 at the end of ``fit`` by raising `AlreadyComplete`,
+    after logging "already complete at step N", so that the code after ``fit``, which would see
+    no training, does not run.
+
     Args:
         dirpath: where checkpoints live; give ``ModelCheckpoint`` the same one so that
             `resume_path` sees its saves too.
         guard: an installed guard to share with other code; else one is made and installed here.
         storage_options: fsspec options for listing ``dirpath``.
+        on_no_valid_checkpoint: when `resume_path` finds checkpoints of ours and every one fails
+            verification: ``"fail"`` (the default) raises `NoValidCheckpointError`, which names
+            them; ``"start_over"`` returns None (training starts over; new saves replace them).
     """
 
     def __init__(
@@ -161,11 +176,19 @@ class PreemptionCallback(Callback):
         *,
         guard: PreemptionGuard | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        on_no_valid_checkpoint: str = "fail",
     ) -> None:
+        if on_no_valid_checkpoint not in ("fail", "start_over"):
+            raise ConfigError(
+                f"on_no_valid_checkpoint must be 'fail' or 'start_over', got "
+                f"{on_no_valid_checkpoint!r}"
+            )
         self.dirpath = os.fspath(dirpath)
         self.storage_options = dict(storage_options or {})
         self.guard = guard if guard is not None else PreemptionGuard()
+        self.on_no_valid_checkpoint = on_no_valid_checkpoint
         self._owns_guard = guard is None
+        self._trained = False
 
     # --- resuming ---------------------------------------------------------------------------
 
@@ -174,12 +197,18 @@ class PreemptionCallback(Callback):
 
         Newest means the highest ``global_step``, then the latest commit: a preemption save
         mid-epoch is newer than the last epoch's ``ModelCheckpoint`` file. A checkpoint whose
-        checksums fail is skipped, so a corrupted newest file costs progress, not the run.
+        checksums fail is skipped with a `PreemptibleWarning`, so a corrupted newest file costs
+        progress, not the run.
+
+        Raises:
+            NoValidCheckpointError: checkpoints of ours exist and every one fails verification
+                (unless ``on_no_valid_checkpoint="start_over"``).
         """
         fs, root = fsspec.core.url_to_fs(self.dirpath, **self.storage_options)
         if not fs.exists(root):
             return None
         best: tuple[tuple[int, float], str] | None = None
+        corrupt: list[tuple[int, str]] = []
         for entry in fs.ls(root, detail=False):
             name = posixpath.basename(entry.rstrip("/"))
             if not name.endswith(".ckpt"):
@@ -188,14 +217,41 @@ class PreemptionCallback(Callback):
             store = Checkpointer(path, keep=None, storage_options=self.storage_options or None)
             try:
                 info = store.latest()
-                if info is None or not store.verify(info.step).ok:
+                if info is None:
                     continue
+                report = store.verify(info.step)
             except (CheckpointError, OSError):
                 continue
-            key = (int(info.metadata.get("global_step", -1)), info.created_at)
+            step = int(info.metadata.get("global_step", -1))
+            if not report.ok:
+                problem = f"{path} (global step {step}): {'; '.join(report.problems)}"
+                warnings.warn(f"skipping {problem}", PreemptibleWarning, stacklevel=2)
+                corrupt.append((step, problem))
+                continue
+            key = (step, info.created_at)
             if best is None or key > best[0]:
                 best = (key, path)
+        if best is None and corrupt:
+            self._no_valid_checkpoint(sorted(corrupt, reverse=True))
         return None if best is None else best[1]
+
+    def _no_valid_checkpoint(self, corrupt: list[tuple[int, str]]) -> None:
+        listed = "".join(f"\n  {problem}" for _, problem in corrupt)
+        if self.on_no_valid_checkpoint == "start_over":
+            log.warning(
+                "no valid checkpoint under %s: starting over, as on_no_valid_checkpoint="
+                '"start_over" asks; corrupt:%s',
+                self.dirpath,
+                listed,
+            )
+            return
+        raise NoValidCheckpointError(
+            f"every checkpoint under {self.dirpath} fails verification, so there is none to "
+            f"resume from:{listed}\nTo start over from step 0, move them away, or pass "
+            'on_no_valid_checkpoint="start_over" to PreemptionCallback',
+            steps=[step for step, _ in corrupt],
+            problems=[problem for _, problem in corrupt],
+        )
 
     # --- state ------------------------------------------------------------------------------
 
@@ -214,15 +270,40 @@ class PreemptionCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._owns_guard and not self.guard.installed:
             self.guard.install()
+        self._trained = False
+
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if trainer.is_global_zero:
+            step = int(checkpoint.get("global_step", 0))
+            log.info("resumed from step %d at %s", step, trainer.ckpt_path)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning has just put its SIGTERM handler over ours (Trainer._run). With several
         # processes it broadcasts from inside that handler and raises SIGTERMException at the
         # next batch, which races with our agreement and can end the run with status 0 and no
         # save (seen with ddp on gloo under load); the notice is ours alone during training.
+        self._trained = True
         taken = self.guard.reclaim()
         if taken:
             log.debug("preemption notices by %s are handled by PreemptionCallback alone", taken)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning skips the training loop of a run resumed at its limit and returns from fit
+        # as if it had trained: say so, and leave before the code after fit runs on nothing.
+        if self._trained or trainer.ckpt_path is None or not _limit_reached(trainer):
+            return
+        if self._owns_guard:
+            self.guard.uninstall()  # Lightning calls no teardown hook after this exception
+        limits = f"max_epochs={trainer.max_epochs}, max_steps={trainer.max_steps}"
+        done = AlreadyComplete(
+            trainer.global_step,
+            f"the checkpoint at {trainer.ckpt_path} ends the run ({limits}); nothing left to run",
+        )
+        if trainer.is_global_zero:
+            log.warning("%s", done.message)
+        raise done
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._owns_guard:
@@ -245,6 +326,14 @@ class PreemptionCallback(Callback):
         trainer.should_stop = True
         code = self.guard.exit_code() or 143  # a notice seen only by another rank: SIGTERM's
         raise SystemExit(code)
+
+
+def _limit_reached(trainer: pl.Trainer) -> bool:
+    """Whether the trainer's ``max_steps`` or ``max_epochs`` is reached (-1 or None: no limit)."""
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    if max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps:
+        return True
+    return max_epochs is not None and max_epochs >= 0 and trainer.current_epoch >= max_epochs
 
 
 def _join(base: str, name: str) -> str:

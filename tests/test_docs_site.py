@@ -3,7 +3,8 @@
 `mkdocs.yml` makes a broken link, a missing anchor, a page left out of the nav and a docstring
 griffe cannot read into warnings, and `--strict` makes a warning an error, so building the site
 is the check. The getting-started page is run for real: its script is extracted, started, sent
-SIGTERM, started again, and every output line the page shows must be one the runs printed.
+SIGTERM, started again (and once more, finished), and every output line the page shows must be
+one the runs printed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ GETTING_STARTED = DOCS / "getting-started.md"
 # The commands of the page, which the test below does with a wait in place of `sleep 5`.
 KILL_COMMAND = '$ python train.py & sleep 5; kill -TERM $!; wait $!; echo "exit status $?"'
 RUN_COMMAND = "$ python train.py"
+FINISHED_COMMAND = '$ python train.py; echo "exit status $?"'
 NOTICE_LINE = re.compile(
     r"^preempted: checkpointed step (\d+) \d+\.\d\d s after the notice; exiting with 143$", re.M
 )
@@ -72,9 +74,10 @@ def test_getting_started_pins_the_torch_of_the_makefile() -> None:
 def test_getting_started_runs_as_written(tmp_path: Path) -> None:
     page = GETTING_STARTED.read_text()
     (script,) = _blocks(page, "python")
-    killed, resumed = _blocks(page, "console")
+    killed, resumed, finished = _blocks(page, "console")
     assert killed.splitlines()[0] == KILL_COMMAND
     assert resumed.splitlines()[0] == RUN_COMMAND
+    assert finished.splitlines()[0] == FINISHED_COMMAND
     (tmp_path / "train.py").write_text(script)
 
     # 1. Run it, and SIGTERM it once the loop is running (the page's `sleep 5`).
@@ -130,3 +133,12 @@ def test_getting_started_runs_as_written(tmp_path: Path) -> None:
     assert killed_steps[-1] == page_step and resumed_steps[0] == page_step + 1
     assert f"runs/first/step-{page_step:012d}/" in page
     assert "exit status 143" in killed.splitlines()
+
+    # 5. Once more, after it finished: the line the page shows, on stderr, and status 0.
+    third = subprocess.run(
+        [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    [said, status] = finished.splitlines()[1:]
+    assert third.returncode == 0 and status == "exit status 0", third.stderr
+    assert third.stdout == ""
+    assert third.stderr.splitlines() == [said.replace("/home/you", str(tmp_path))]

@@ -3,10 +3,12 @@
 Public methods validate their input once and translate storage failures into our errors; the
 work is in `io` (bytes), `storage` (commit protocol) and `retention` (what to delete). Two
 writers on one root — a zombie of a preempted run and its replacement — are safe by
-construction: a committed step is immutable, the first commit of a step wins and the other
-writer discards its copy, a writer only deletes committed checkpoints (newest always kept) and
-temporary files older than ``stale_after_seconds``, and it never touches another writer's
-in-progress files before then.
+construction: a valid committed step is immutable, the first commit of a step wins and the
+other writer discards its copy, a writer only deletes committed checkpoints (newest always kept)
+and temporary files older than ``stale_after_seconds``, and it never touches another writer's
+in-progress files before then. The one committed checkpoint a save replaces is a corrupt one at
+its own step (its files fail their checksums): it is moved aside with a warning, never skipped
+without a word (`docs/internals/corrupt-step-replaced.md`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import socket
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, overload
@@ -46,7 +49,7 @@ from preemptible.checkpoint.manifest import (
     step_dirname,
 )
 from preemptible.checkpoint.reader import CheckpointReader, check_step
-from preemptible.checkpoint.records import CheckpointInfo
+from preemptible.checkpoint.records import CheckpointInfo, VerifyReport
 from preemptible.checkpoint.retention import steps_to_delete
 from preemptible.checkpoint.serialize import Flattened, flatten
 from preemptible.checkpoint.storage import (
@@ -59,6 +62,7 @@ from preemptible.errors import (
     BackgroundSaveError,
     ConfigError,
     PreemptibleError,
+    PreemptibleWarning,
     StorageError,
 )
 
@@ -317,7 +321,7 @@ class Checkpointer(CheckpointReader):
             nbytes=info.bytes,
             at=time.time(),
         )
-        self._maybe_clean_up()
+        self._maybe_clean_up(step)
 
     def _pick_async_mode(self, flat: Flattened) -> AsyncMode:
         mode = self.async_mode
@@ -430,31 +434,78 @@ class Checkpointer(CheckpointReader):
         return step_dir, manifest
 
     def _commit(self, staging: Staging, step_dir: str, manifest: Manifest) -> Manifest:
-        """Commit, or defer to another writer's earlier commit of the same step."""
+        """Commit; or defer to another writer's earlier, valid commit of the same step; or move
+        a corrupt checkpoint of the step aside and commit in its place."""
         storage = self._storage
+        reason = ""
         for _ in range(3):
             if storage.commit(staging, step_dir, manifest.to_bytes()):
                 return manifest
-            existing = self._read_manifest(step_dir)
-            if existing is not None:
-                log.warning(
-                    "step %d was already committed at %s by writer %s; keeping it and discarding "
-                    "this save (a committed checkpoint is never overwritten)",
-                    manifest.step,
-                    storage.describe(step_dir),
-                    existing.writer.get("id", "?"),
-                )
-                storage.abort(staging)
-                return existing
-            # It vanished between the two calls: another writer's retention deleted it. Retry.
+            existing = self._manifest_or_reason(step_dir)
+            if isinstance(existing, Manifest):
+                problems, _ = self._problems(step_dir, existing)
+                if not problems:
+                    log.warning(
+                        "step %d was already committed at %s by writer %s; keeping it and "
+                        "discarding this save (a committed checkpoint is never overwritten)",
+                        manifest.step,
+                        storage.describe(step_dir),
+                        existing.writer.get("id", "?"),
+                    )
+                    storage.abort(staging)
+                    return existing
+                with contextlib.suppress(FileNotFoundError):  # gone already: commit again
+                    self._discard(step_dir, existing, problems, "for this save of the step")
+                continue
+            # No valid manifest: it vanished between the two calls (another writer's retention
+            # deleted it), and the commit is tried again; or it is there and unreadable.
+            reason = existing
         raise StorageError(
-            f"step {manifest.step} at {storage.describe(step_dir)} keeps appearing without a "
-            "valid manifest; another process is writing this root in an incompatible way"
+            f"saving step {manifest.step}: {storage.describe(step_dir)} is in the way and holds "
+            f"no valid manifest ({reason}), so it is neither replaced nor deleted: it may be a "
+            "checkpoint this version cannot read, or another process writes this root in an "
+            "incompatible way. Move that folder away and save again"
         )
+
+    def discard_if_corrupt(self, step: int) -> VerifyReport:
+        """Verify checkpoint ``step`` and, if it fails, move it aside as retention deletes (it is
+        invisible at once, then removed), with a `PreemptibleWarning` naming it and its problems.
+        A valid checkpoint is left alone. In a distributed job, call it from one rank.
+
+        Returns:
+            The verification report (``ok``: the checkpoint was valid and is still there).
+
+        Raises:
+            CheckpointNotFoundError: no checkpoint for ``step`` (or it is not committed).
+        """
+        check_step(step)
+        dirname, manifest = self._committed_or_raise(step)
+        problems, checked = self._problems(dirname, manifest)
+        report = VerifyReport(
+            step=step,
+            url=self._storage.describe(dirname),
+            problems=problems,
+            files_checked=len(manifest.files),
+            bytes_checked=checked,
+        )
+        if problems:
+            with contextlib.suppress(FileNotFoundError):
+                self._discard(dirname, manifest, problems, "to start over")
+        return report
+
+    def _discard(self, dirname: str, manifest: Manifest, problems: list[str], why: str) -> None:
+        url = self._storage.describe(dirname)
+        warnings.warn(
+            f"checkpoint step {manifest.step} at {url} is corrupt ({'; '.join(problems)}); "
+            f"moving it to the trash {why}",
+            PreemptibleWarning,
+            stacklevel=3,
+        )
+        self._storage.discard(dirname, uuid.uuid4().hex[:12], list(manifest.files))
 
     # --- retention and garbage collection ----------------------------------------------------
 
-    def _maybe_clean_up(self) -> None:
+    def _maybe_clean_up(self, saved: int | None = None) -> None:
         """Apply retention and collect garbage; failures are logged, never raised.
 
         The save that triggered this has committed; losing a cleanup must not fail training.
@@ -462,16 +513,18 @@ class Checkpointer(CheckpointReader):
         if self._rank_and_world()[0] != 0:
             return  # one rank deletes; the others would race it for nothing
         try:
-            self._clean_up()
+            self._clean_up(saved)
         except Exception as e:
             log.warning(
                 "checkpoint cleanup under %s failed (will retry next save): %r", self.url, e
             )
 
-    def _clean_up(self) -> None:
+    def _clean_up(self, saved: int | None = None) -> None:
         committed, ignored = self._scan()
         steps = [m.step for _, m in committed]
-        doomed = set(steps_to_delete(steps, keep=self.keep, keep_every=self.keep_every))
+        doomed = set(
+            steps_to_delete(steps, keep=self.keep, keep_every=self.keep_every, saved=saved)
+        )
         for dirname, manifest in committed:
             if manifest.step in doomed:
                 log.info("retention: deleting checkpoint step %d under %s", manifest.step, self.url)

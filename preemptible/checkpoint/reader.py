@@ -46,6 +46,7 @@ from preemptible.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     ConfigError,
+    NoValidCheckpointError,
     PreemptibleError,
     PreemptibleWarning,
     StorageError,
@@ -219,6 +220,8 @@ class CheckpointReader:
         Raises:
             CheckpointNotFoundError: there is no such (or no) committed checkpoint.
             CheckpointCorruptedError: ``step`` was given and its files fail verification.
+            NoValidCheckpointError: ``step=None`` and every committed checkpoint fails
+                verification.
         """
         result = self._load_with_fallback(step, map_location, rank)
         if result is None:
@@ -232,6 +235,10 @@ class CheckpointReader:
     ) -> int | None:
         """Load a checkpoint into ``state`` in place; returns its step, or None if there is none.
 
+        With ``step=None``, the newest checkpoint that passes verification: a corrupt one is
+        skipped with a `PreemptibleWarning` for the one before it. When committed checkpoints
+        exist and every one fails, nothing is restored and `NoValidCheckpointError` says which.
+
         Afterwards ``state`` holds what ``load()`` returns. Objects with ``load_state_dict``
         load their part; tensors are copied into (keeping their identity and device) and must
         match in shape and dtype. Plain dicts are updated in place, keys only the checkpoint
@@ -244,6 +251,8 @@ class CheckpointReader:
         Raises:
             CheckpointNotFoundError: ``step`` was given and is not committed.
             CheckpointCorruptedError: ``step`` was given and its files fail verification.
+            NoValidCheckpointError: ``step=None`` and every committed checkpoint fails
+                verification; ``state`` is left untouched.
             StateMismatchError: ``state`` has a key the checkpoint lacks, a tensor of another
                 shape or dtype, a list of live state of another length, or a container where
                 the checkpoint has something else; ``state`` is left untouched.
@@ -268,17 +277,21 @@ class CheckpointReader:
         if step is not None:
             dirname, manifest = self._committed_or_raise(step)
             return step, self._load_manifest(dirname, manifest, map_location, rank, live)
+        failed: list[tuple[int, str]] = []
         for dirname, manifest in self._newest_first():
             try:
                 return manifest.step, self._load_manifest(
                     dirname, manifest, map_location, rank, live
                 )
             except (CheckpointCorruptedError, CheckpointFormatError) as e:
+                failed.append((manifest.step, str(e)))
                 warnings.warn(
                     f"skipping checkpoint step {manifest.step}: {e}",
                     PreemptibleWarning,
                     stacklevel=3,
                 )
+        if failed:
+            raise no_valid_checkpoint(self.url, failed)
         return None
 
     def _load_manifest(
@@ -426,6 +439,20 @@ class CheckpointReader:
                 files_checked=0,
                 bytes_checked=0,
             )
+        problems, checked = self._problems(dirname, manifest, on_bytes)
+        return VerifyReport(
+            step=step,
+            url=url,
+            problems=problems,
+            files_checked=len(manifest.files),
+            bytes_checked=checked,
+        )
+
+    def _problems(
+        self, dirname: str, manifest: Manifest, on_bytes: Callable[[int], None] | None = None
+    ) -> tuple[builtins.list[str], int]:
+        """What is wrong with a committed checkpoint's files (none: it is valid), and the bytes
+        found intact."""
         problems, checked = [], 0
         for name, record in sorted(manifest.files.items()):
             problem = self._guard_storage(
@@ -440,13 +467,7 @@ class CheckpointReader:
                 io.read_index(self._storage, dirname, manifest)
             except PreemptibleError as e:
                 problems.append(f"{manifest.state_file}: {e}")
-        return VerifyReport(
-            step=step,
-            url=url,
-            problems=problems,
-            files_checked=len(manifest.files),
-            bytes_checked=checked,
-        )
+        return problems, checked
 
     def _guard_storage(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -458,6 +479,23 @@ class CheckpointReader:
 
 
 _NO_MANIFEST = "no manifest: save incomplete or interrupted"
+
+
+def no_valid_checkpoint(url: str, failed: list[tuple[int, str]]) -> NoValidCheckpointError:
+    """The error for a root whose committed checkpoints, ``(step, problem)`` newest first, all
+    failed: which ones, why, and the two ways to start over."""
+    steps = [step for step, _ in failed]
+    listed = "".join(f"\n  {problem}" for _, problem in failed)
+    return NoValidCheckpointError(
+        f"every committed checkpoint under {url} fails verification (steps "
+        f"{', '.join(map(str, steps))}), so none was restored and nothing was changed:{listed}\n"
+        f"`preemptible ckpt verify {url}` shows each one. To start over from step 0, "
+        "move the root (or those step folders) away, or, in a training job, pass "
+        'on_no_valid_checkpoint="start_over" to Context or @preemptible: the corrupt '
+        "checkpoints are then moved aside",
+        steps=steps,
+        problems=[problem for _, problem in failed],
+    )
 
 
 def _step_dirs_of(entries: list[RootEntry]) -> list[str]:

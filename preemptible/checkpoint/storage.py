@@ -121,6 +121,15 @@ class CheckpointStorage:
         """Remove a checkpoint so that no reader can ever see a half-deleted one."""
         raise NotImplementedError
 
+    def discard(self, dirname: str, nonce: str, names: list[str]) -> None:
+        """Remove a committed checkpoint that failed verification, made of ``names``, so that
+        a new save can commit its step; like `delete`, it is invisible from the first call on.
+
+        Raises:
+            FileNotFoundError: it is gone already (another writer's retention deleted it).
+        """
+        raise NotImplementedError
+
     def remove_tree(self, dirname: str) -> None:
         raise NotImplementedError
 
@@ -210,6 +219,9 @@ class LocalStorage(CheckpointStorage):
         _fsync_dir(self.root)
         self.remove_tree(trash)
 
+    def discard(self, dirname: str, nonce: str, names: list[str]) -> None:
+        self.delete(dirname, nonce)  # a new save stages elsewhere (.tmp-...): all of it goes
+
     def remove_tree(self, dirname: str) -> None:
         shutil.rmtree(self._path(dirname), ignore_errors=True)
 
@@ -295,6 +307,15 @@ class FsspecStorage(CheckpointStorage):
         # Manifest first: from then on the step is invisible, whatever happens to the rest.
         self.fs.rm_file(self._path(dirname, MANIFEST_NAME))
         self.remove_tree(dirname)
+
+    def discard(self, dirname: str, nonce: str, names: list[str]) -> None:
+        # The new save's uploads are in the same directory already: remove only what the corrupt
+        # checkpoint lists, manifest first.
+        self.fs.rm_file(self._path(dirname, MANIFEST_NAME))
+        paths = [self._path(dirname, name) for name in names]
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(paths)
+        self.fs.invalidate_cache(self._path(dirname))
 
     def remove_tree(self, dirname: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -196,8 +196,8 @@ def verify(
             out.print(
                 Text.assemble(
                     (f"{len(bad)} damaged checkpoint(s)", "red"),
-                    ": restore() skips them and falls back to the newest valid one; delete them "
-                    "or restore from a copy",
+                    ": restore() skips them and falls back to the newest valid one (and refuses "
+                    "to start over when none is valid); delete them or restore from a copy",
                 )
             )
     raise typer.Exit(1 if bad else 0)

@@ -4,7 +4,9 @@ The loop body stays the user's; the context acts only at step boundaries, where 
 consistent:
 
 1. When ``steps()`` starts: install the guard, restore the newest valid checkpoint (after the
-   user's ``register`` calls and seeding, so restored RNG states win), continue at ``step + 1``.
+   user's ``register`` calls and seeding, so restored RNG states win), continue at ``step + 1``;
+   if that was the last step, exit 0 at once (`AlreadyComplete`). Committed checkpoints that
+   all fail verification stop the job (`NoValidCheckpointError`) unless it asks to start over.
 2. After each step: agree with the other ranks (one small all-reduce) on "stop?" and "save?".
 3. On a notice: wait for a save in flight, save synchronously, report, exit ``128 + signum``.
    Under the queue manager the notice may come from its notice endpoint before the signal,
@@ -21,11 +23,11 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from preemptible._env_names import COST_FILE_ENV
 from preemptible.checkpoint import CheckpointCost, Checkpointer
-from preemptible.errors import ConfigError, PreemptibleError
+from preemptible.errors import ConfigError, NoValidCheckpointError, PreemptibleError
 from preemptible.runtime.cost_file import write_cost_file
 from preemptible.runtime.deadline import GRACE_SAFETY, GraceCheck
 from preemptible.runtime.elastic import StepAgreement
@@ -43,6 +45,23 @@ RESERVED_KEY = "_preemptible"
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+ON_NO_VALID_CHECKPOINT = ("fail", "start_over")
+
+
+class AlreadyComplete(SystemExit):
+    """The restored checkpoint is the loop's last step: there is nothing left to run.
+
+    Raised by `Context.steps` (and the adapters' loops) when a finished job is started again,
+    after the SDK has logged "already complete at step N". It is a `SystemExit` with status 0,
+    so the program ends successfully without running the code after its loop (which would see
+    no step run). Catch it to run that code anyway.
+    """
+
+    def __init__(self, step: int, detail: str = "") -> None:
+        super().__init__(0)
+        self.step = step
+        self.message = f"already complete at step {step}" + (f": {detail}" if detail else "")
 
 
 class Context:
@@ -68,6 +87,9 @@ class Context:
             rank 0 only.
         grace_safety: warn when the grace period is shorter than this many saves (p95), at
             start and after each save, saying which setting to change.
+        on_no_valid_checkpoint: when committed checkpoints exist but every one fails
+            verification: ``"fail"`` (the default) raises `NoValidCheckpointError`, which names
+            them; ``"start_over"`` moves them aside with a warning and starts at step 0.
     """
 
     def __init__(
@@ -88,9 +110,16 @@ class Context:
         queue_link: QueueLink | None = None,
         reporters: Reporters | None = None,
         grace_safety: float = GRACE_SAFETY,
+        on_no_valid_checkpoint: str = "fail",
     ):
         if interval not in (None, "auto"):
             raise ConfigError(f"interval must be None or 'auto', got {interval!r}")
+        if on_no_valid_checkpoint not in ON_NO_VALID_CHECKPOINT:
+            raise ConfigError(
+                f"on_no_valid_checkpoint must be 'fail' or 'start_over', got "
+                f"{on_no_valid_checkpoint!r}"
+            )
+        self.on_no_valid_checkpoint = on_no_valid_checkpoint
         if checkpointer is None:
             if checkpoint_dir is None:
                 raise ConfigError("give a checkpoint_dir (or a Checkpointer)")
@@ -112,6 +141,7 @@ class Context:
             reporters = reporters_from_env(os.environ)
         self.reporters = reporters
         self.resumed_from: int | None = None
+        self.resumed_url: str | None = None
         self.restore_seconds: float | None = None
         self.step: int | None = None
         self._exit_code = exit_code
@@ -168,11 +198,21 @@ class Context:
     # --- the loop -----------------------------------------------------------------------------
 
     def steps(self, total: int) -> Iterator[int]:
-        """Yield ``start .. total-1``, where ``start`` follows the restored checkpoint."""
+        """Yield ``start .. total-1``, where ``start`` follows the restored checkpoint.
+
+        Raises:
+            AlreadyComplete: the restored checkpoint is step ``total - 1`` or later: the loop
+                has nothing left to run (a finished job started again). It exits with status 0
+                after logging "already complete at step N".
+            NoValidCheckpointError: every committed checkpoint fails verification (see
+                ``on_no_valid_checkpoint``).
+        """
         if total < 0:
             raise ConfigError(f"total must be >= 0, got {total}")
         self._begin()
         start = 0 if self.resumed_from is None else self.resumed_from + 1
+        if self.resumed_from is not None and start >= total:
+            self.already_complete(self.resumed_from, f"the loop runs steps 0 to {total - 1}")
         for step in range(start, total):
             self.step = step
             self._in_step = True
@@ -204,6 +244,16 @@ class Context:
         self.step = step
         self._at_boundary(step)
 
+    def already_complete(self, step: int, detail: str) -> NoReturn:
+        """The restored checkpoint, at ``step``, is the last the loop needs (``detail`` says
+        why): log "already complete at step N" (rank 0) and exit 0 by raising `AlreadyComplete`.
+        `steps` calls it; a loop it does not run calls it where it finds nothing left to do."""
+        where = f"the checkpoint at {self.resumed_url}" if self.resumed_url else "the checkpoint"
+        done = AlreadyComplete(step, f"{where} ends the run ({detail}); nothing left to run")
+        if self.run_env.rank == 0:
+            log.warning("%s", done.message)
+        raise done
+
     def save(self, step: int) -> None:
         """Checkpoint ``step`` now, blocking, and report what it cost."""
         self.step = step
@@ -227,10 +277,16 @@ class Context:
         if self.queue_link is not None:
             self.queue_link.start(on_notice=self._queue_notice, on_terms=self._queue_terms)
         started = time.perf_counter()
-        restored = self.checkpointer.restore(self._state())
+        invalid: NoValidCheckpointError | None = None
+        try:
+            restored = self.checkpointer.restore(self._state())
+        except NoValidCheckpointError as e:  # nothing was loaded; the ranks decide together
+            restored, invalid = None, e
         # Ranks may disagree (one rank's shard was corrupt and it fell back): use the oldest.
-        agreed = self._agreement.same_step(restored)
-        if agreed != restored:
+        agreed, newest, none_valid = self._agreement.restored(restored, invalid is not None)
+        if none_valid:
+            self._no_valid_checkpoint(invalid, newest)
+        elif agreed != restored:
             if agreed is None:
                 raise PreemptibleError(
                     "some ranks found no checkpoint to restore while others did; the checkpoint "
@@ -241,16 +297,53 @@ class Context:
         if self.resumed_from is not None:
             self.restore_seconds = time.perf_counter() - started
             self._last_saved_step = self.resumed_from
-            log.info("resumed from step %d in %.2f s", self.resumed_from, self.restore_seconds)
-            self._check_grace_at_start(self.resumed_from)
+            self._resumed(self.resumed_from)
         self._last_save_at = time.monotonic()
 
-    def _check_grace_at_start(self, step: int) -> None:
-        """Before the first save of this run, the restored checkpoint's save time is the
-        best estimate of the next one."""
+    def _no_valid_checkpoint(
+        self, invalid: NoValidCheckpointError | None, newest: int | None
+    ) -> None:
+        """Some rank found committed checkpoints and none valid: fail, or start over."""
+        url = self.checkpointer.url
+        if newest is not None:  # other ranks have loaded a checkpoint: no clean start over
+            if invalid is not None:
+                raise invalid
+            raise PreemptibleError(
+                f"another rank found no valid checkpoint under {url} while this one restored "
+                f"step {newest}: that rank's files fail verification (its error names them; "
+                f"`preemptible ckpt verify {url}` checks every rank's). Move the corrupt "
+                "checkpoints away and start the job again"
+            )
+        if self.on_no_valid_checkpoint != "start_over":
+            if invalid is not None:
+                raise invalid
+            raise PreemptibleError(
+                f"another rank found no valid checkpoint under {url} (its error names them); "
+                'pass on_no_valid_checkpoint="start_over" to start over from step 0'
+            )
+        if invalid is None or self.run_env.rank != 0:
+            return  # one rank moves them aside, before its first save
+        log.warning(
+            "no valid checkpoint under %s (steps %s fail verification): starting over from step "
+            '0, as on_no_valid_checkpoint="start_over" asks; moving them aside',
+            url,
+            ", ".join(map(str, invalid.steps)),
+        )
+        if isinstance(self.checkpointer, Checkpointer):  # an adapter's store numbers its own
+            for step in invalid.steps:
+                self.checkpointer.discard_if_corrupt(step)
+
+    def _resumed(self, step: int) -> None:
+        """Say where the run resumed from (rank 0), and, before the first save of this run,
+        check the grace against the restored checkpoint's save time, the best estimate of the
+        next one."""
         if self.run_env.rank != 0:
             return
-        info = next((i for i in self.checkpointer.list() if i.step == step), None)
+        info = next((i for i in reversed(self.checkpointer.list()) if i.step == step), None)
+        self.resumed_url = info.url if info is not None else self.checkpointer.url
+        log.info(
+            "resumed from step %d at %s in %.2f s", step, self.resumed_url, self.restore_seconds
+        )
         if info is not None and info.save_seconds > 0:
             self._check_grace(info.save_seconds, f"the save of step {step}, in an earlier run")
 
@@ -397,7 +490,14 @@ def preemptible(
                 **context_options,
             )
             with ctx:
-                return fn(ctx, *args, **kwargs)
+                try:
+                    return fn(ctx, *args, **kwargs)
+                except AlreadyComplete as done:
+                    # An exit with status 0 needs no traceback, and this one holds fn's frames,
+                    # so the objects of the training function (a DistributedDataParallel model)
+                    # outlived the process group the script destroys in its `finally`, and a rank
+                    # aborted (SIGABRT) in about 1 run of 6. Without it they go first.
+                    raise done.with_traceback(None) from None
 
         return run
 

@@ -26,11 +26,18 @@ class StepAgreement:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=gloo_group("agreement"))
         return bool(flags[0]), bool(flags[1])
 
-    def same_step(self, step: int | None) -> int | None:
-        """The step every rank can restore: the minimum over ranks (None if any has none)."""
+    def restored(self, step: int | None, none_valid: bool) -> tuple[int | None, int | None, bool]:
+        """What the ranks restored, in one all-reduce: the step every rank can restore (the
+        oldest; None if any rank has none), the newest, and whether any rank found committed
+        checkpoints of which none was valid."""
         if not is_distributed():
-            return step
-        value = torch.tensor([-1 if step is None else step], dtype=torch.int64)
+            return step, step, none_valid
+        mine = -1 if step is None else step
+        value = torch.tensor([mine, -mine, -int(none_valid)], dtype=torch.int64)
         dist.all_reduce(value, op=dist.ReduceOp.MIN, group=gloo_group("agreement"))
-        agreed = int(value.item())
-        return None if agreed < 0 else agreed
+        oldest, newest = int(value[0]), -int(value[1])
+        return (
+            None if oldest < 0 else oldest,
+            None if newest < 0 else newest,
+            bool(value[2] < 0),
+        )

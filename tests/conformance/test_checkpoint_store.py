@@ -12,8 +12,10 @@ import torch
 from preemptible.errors import (
     CheckpointCorruptedError,
     CheckpointNotFoundError,
+    NoValidCheckpointError,
     PreemptibleWarning,
     StateMismatchError,
+    StorageError,
     UnsupportedStateError,
 )
 from tests.helpers import assert_same, make_state
@@ -175,6 +177,25 @@ def test_restore_falls_back_to_the_newest_valid_checkpoint_with_a_warning(root):
     assert_same(make_state(1), state)
 
 
+def test_when_every_checkpoint_is_corrupt_restore_and_load_say_which_instead_of_none(root):
+    ckpt = root.checkpointer(keep=None)
+    ckpt.save(1, make_state(1))
+    ckpt.save(2, make_state(2))
+    _flip_byte(root, _data_files(root, 1)[0])
+    _truncate(root, _data_files(root, 2)[0])
+    state = make_state(0)
+    with pytest.warns(PreemptibleWarning), pytest.raises(NoValidCheckpointError) as err:
+        ckpt.restore(state)
+    assert err.value.steps == [2, 1]
+    message = str(err.value)
+    assert "checksum mismatch" in message and "truncated" in message
+    assert 'on_no_valid_checkpoint="start_over"' in message and "ckpt verify" in message
+    assert isinstance(err.value, CheckpointCorruptedError)
+    assert_same(make_state(0), state)  # nothing was loaded
+    with pytest.warns(PreemptibleWarning), pytest.raises(NoValidCheckpointError):
+        ckpt.load()
+
+
 def test_restore_of_a_named_corrupt_step_raises_and_leaves_the_state_untouched(root):
     ckpt = root.checkpointer(keep=None)
     ckpt.save(1, make_state(1))
@@ -198,6 +219,61 @@ def test_a_committed_step_is_never_overwritten_by_a_second_writer(root):
     assert first.verify(5).ok
     files = root.fs.find(f"{root.path}/step-000000000005")
     assert len(files) == info.files + 1  # the loser's files are gone: data + index + manifest
+
+
+def test_a_save_at_the_step_of_a_corrupt_checkpoint_moves_it_aside_and_commits(root):
+    first, second = root.checkpointer(), root.checkpointer()
+    first.save(4, make_state(4))
+    first.save(5, make_state(5))
+    victim = _data_files(root, 5)[0]
+    _flip_byte(root, victim)
+    with pytest.warns(PreemptibleWarning, match="step 5 .* is corrupt") as caught:
+        info = second.save(5, make_state(55))
+    assert victim.rsplit("/", 1)[-1] in str(caught[0].message)
+    assert "checksum mismatch" in str(caught[0].message)
+    assert info.step == 5 and second.verify(5).ok
+    assert_same(make_state(55), first.load(5))
+    root.fs.invalidate_cache()
+    files = root.fs.find(f"{root.path}/step-000000000005")
+    assert len(files) == info.files + 1  # the corrupt one's files are gone: data + index + manifest
+    assert [i.step for i in first.list()] == [4, 5]
+
+
+def test_discard_if_corrupt_moves_a_corrupt_checkpoint_aside_and_keeps_a_valid_one(root):
+    ckpt = root.checkpointer(keep=None)
+    ckpt.save(1, make_state(1))
+    ckpt.save(2, make_state(2))
+    assert ckpt.discard_if_corrupt(1).ok
+    _flip_byte(root, _data_files(root, 2)[0])
+    with pytest.warns(PreemptibleWarning, match="step 2 .* is corrupt .* trash"):
+        report = ckpt.discard_if_corrupt(2)
+    assert not report.ok and "checksum mismatch" in report.problems[0]
+    assert [i.step for i in ckpt.list()] == [1]
+    assert_same(make_state(1), ckpt.load())
+
+
+def test_saves_after_a_fallback_past_corrupt_checkpoints_are_not_lost_to_retention(root):
+    ckpt = root.checkpointer(keep=2, keep_every=10)
+    for step in (10, 18, 19):
+        ckpt.save(step, make_state(step))
+    for step in (18, 19):
+        _flip_byte(root, _data_files(root, step)[0])
+    with pytest.warns(PreemptibleWarning):
+        assert ckpt.restore(make_state(0)) == 10
+    ckpt.save(11, make_state(11))  # the newest two are the corrupt ones: 11 stays all the same
+    ckpt.save(12, make_state(12))
+    assert [i.step for i in ckpt.list()] == [10, 12, 18, 19]
+    with pytest.warns(PreemptibleWarning):
+        assert ckpt.restore(make_state(0)) == 12
+
+
+def test_a_save_never_replaces_a_step_folder_whose_manifest_it_cannot_read(root):
+    ckpt = root.checkpointer()
+    _plant(root, "step-000000000003/manifest.json", b"{not json")
+    with pytest.raises(StorageError, match=r"step-000000000003 is in the way .* not valid JSON"):
+        ckpt.save(3, make_state(3))
+    root.fs.invalidate_cache()
+    assert root.fs.cat_file(f"{root.path}/step-000000000003/manifest.json") == b"{not json"
 
 
 def test_a_writer_that_raced_past_the_existence_check_still_loses(root, monkeypatch):

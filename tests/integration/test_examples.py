@@ -52,6 +52,26 @@ def test_the_lightning_example_saves_on_sigterm_and_the_same_command_resumes(tmp
     assert "done: global step 32," in second.stdout  # 2 epochs of 16 batches, none twice
 
 
+def test_the_lightning_example_run_again_after_it_finished_says_so_and_exits_0(tmp_path):
+    argv = [sys.executable, str(EXAMPLES / "lightning_train.py"), "--dir", str(tmp_path / "run")]
+    runs = [
+        subprocess.run(
+            [*argv, "--epochs", "1"],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            cwd=REPO,
+            timeout=120,
+        )
+        for _ in range(2)
+    ]
+    first, again = runs
+    assert first.returncode == 0 and "done: global step 16," in first.stdout, first.stderr
+    assert again.returncode == 0, again.stdout + again.stderr  # was a KeyError on "loss"
+    assert "already complete at step 16: the checkpoint at " in again.stderr
+    assert "done:" not in again.stdout and "Traceback" not in again.stderr
+
+
 def test_the_queue_manager_demo_keeps_its_promises():
     # `make demo`: a server, two teams, a reclaim, a bit-exact resume; it checks its own
     # promises and exits 1 if one is broken.

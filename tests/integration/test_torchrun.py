@@ -230,3 +230,30 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_and_on_two(tmp_path):
             expected = replay_on_one_rank(saved, steps=8)
             got = {**final, "rng": final["_preemptible"]["rng"]["torch"]}
             assert_same(expected, {k: got[k] for k in expected}, "one rank")
+
+
+def test_a_finished_run_started_again_exits_0_and_a_rank_without_valid_checkpoints_stops_all(
+    tmp_path,
+):
+    root = tmp_path / "run"
+    code, out = finish(torchrun(root, "--steps", "6", "--every", "2"))
+    assert code == 0, out
+    code, out = finish(torchrun(root, "--steps", "6", "--every", "2"))
+    assert code == 0, out
+    assert out.count("already complete at step 5") == 1, out  # said once, by rank 0
+    assert "step 0 " not in out and "done" not in out, out
+
+    # A real bit flip in rank 1's shard of every checkpoint: rank 1 finds none valid while
+    # rank 0 restores step 5. Both stop (rank 0 cannot start over from a loaded state), at once.
+    committed = [i.step for i in Checkpointer(root).list()]
+    assert committed == [1, 3, 5]  # keep=3: all there is
+    for step in committed:
+        (data,) = (root / f"step-{step:012d}").glob("rank00001-data-*.bin")
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0x10
+        data.write_bytes(bytes(raw))
+    code, out = finish(torchrun(root, "--steps", "8", "--every", "2"), timeout=120)
+    assert code != 0, out
+    assert "NoValidCheckpointError" in out and "fails verification (steps 5, 3, 1)" in out, out
+    assert "another rank found no valid checkpoint" in out and "restored step 5" in out, out
+    assert " step 6 " not in out, out  # nothing trained

@@ -5,6 +5,7 @@ behaviour where ours differs on purpose."""
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,11 +23,13 @@ from accelerate.utils import ProjectConfiguration
 from torch.utils.data import DataLoader, TensorDataset
 
 from preemptible import (
+    AlreadyComplete,
     CheckpointCorruptedError,
     Checkpointer,
     CheckpointFormatError,
     CheckpointNotFoundError,
     ConfigError,
+    NoValidCheckpointError,
     PreemptibleWarning,
     UnsupportedStateError,
 )
@@ -250,6 +253,53 @@ def test_an_interrupted_save_is_skipped_then_deleted_after_the_next_commit(run):
         assert acc.load_state() == 0
         acc.save_state()
     assert _folders(again) == ["checkpoint_0", "checkpoint_2"]
+
+
+def test_when_every_checkpoint_is_corrupt_the_run_stops_unless_it_starts_over(run):
+    r = run()
+    with PreemptibleAccelerator(r.accelerator) as acc:
+        for _ in range(2):
+            r.train(acc, 1)
+            acc.save_state()
+    for name in _folders(r):
+        _flip_a_byte(Path(r.accelerator.project_dir) / "checkpoints" / name)
+    again = run()
+    with (
+        PreemptibleAccelerator(again.accelerator) as acc,
+        pytest.warns(PreemptibleWarning),
+        pytest.raises(NoValidCheckpointError) as err,
+    ):
+        acc.load_state()
+    assert err.value.steps == [2, 1] and "checkpoint_1" in str(err.value)
+    assert 'on_no_valid_checkpoint="start_over"' in str(err.value)
+    fresh = run()
+    with PreemptibleAccelerator(fresh.accelerator, on_no_valid_checkpoint="start_over") as acc:
+        with pytest.warns(PreemptibleWarning):
+            assert acc.load_state() is None
+        assert acc.global_step == 0
+        acc.save_state()
+    assert _folders(fresh)[-1] == "checkpoint_2", "never reuse a number"
+
+
+def test_a_finished_run_started_again_says_so_and_exits_0(run, caplog):
+    r = run()
+    with PreemptibleAccelerator(r.accelerator) as acc:
+        for _ in acc.epochs(1):
+            r.train(acc, 4)
+        acc.save_state()
+    again = run()
+    ran = []
+    with (
+        caplog.at_level(logging.INFO, logger="preemptible"),
+        PreemptibleAccelerator(again.accelerator) as acc,
+        pytest.raises(SystemExit) as exit_,
+    ):
+        for epoch in acc.epochs(1):
+            ran.append(epoch)
+    assert isinstance(exit_.value, AlreadyComplete) and exit_.value.code == 0 and ran == []
+    assert "resumed from step 4 at " in caplog.text
+    assert "already complete at step 4: the checkpoint at " in caplog.text
+    assert "epochs 0 to 0 are done" in caplog.text
 
 
 def test_accelerates_own_checkpoint_is_refused_not_unpickled_nor_deleted(run, tmp_path):

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 pytest.importorskip("lightning")
 
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+
 from preemptible import (
+    AlreadyComplete,
     CheckpointCorruptedError,
     Checkpointer,
     CheckpointFormatError,
     CheckpointNotFoundError,
+    NoValidCheckpointError,
+    PreemptibleWarning,
     UnsupportedStateError,
 )
 from preemptible.lightning import PreemptibleCheckpointIO, PreemptionCallback
@@ -60,7 +68,27 @@ def test_corrupted_file_is_detected(tmp_path: Path) -> None:
     data.write_bytes(bytes(raw))
     with pytest.raises(CheckpointCorruptedError):
         io.load_checkpoint(path)  # its only checkpoint fails verification
-    assert PreemptionCallback(tmp_path).resume_path() is None
+
+
+def test_resume_path_refuses_to_start_over_silently_when_no_checkpoint_is_valid(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    io = PreemptibleCheckpointIO()
+    for name, step in (("last.ckpt", 24), ("preempted.ckpt", 30)):
+        io.save_checkpoint(_checkpoint(step), tmp_path / name)
+        (data,) = (tmp_path / name).glob("step-*/data-*.bin")
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0x10  # a real bit flip
+        data.write_bytes(bytes(raw))
+    with pytest.warns(PreemptibleWarning), pytest.raises(NoValidCheckpointError) as err:
+        PreemptionCallback(tmp_path).resume_path()
+    assert err.value.steps == [30, 24]
+    assert "preempted.ckpt (global step 30)" in str(err.value)
+    assert 'on_no_valid_checkpoint="start_over"' in str(err.value)
+    start_over = PreemptionCallback(tmp_path, on_no_valid_checkpoint="start_over")
+    with pytest.warns(PreemptibleWarning), caplog.at_level(logging.WARNING, "preemptible"):
+        assert start_over.resume_path() is None
+    assert "starting over" in caplog.text and "checksum mismatch" in caplog.text
 
 
 def test_never_unpickles(tmp_path: Path) -> None:
@@ -102,7 +130,8 @@ def test_resume_path_picks_newest_valid(tmp_path: Path) -> None:
     assert callback.resume_path() == str(tmp_path / "ckpt" / "preempted.ckpt")
     (data,) = (tmp_path / "ckpt" / "preempted.ckpt").glob("step-*/data-*.bin")
     data.write_bytes(b"\0" * data.stat().st_size)
-    assert callback.resume_path() == str(tmp_path / "ckpt" / "last.ckpt"), "corrupt one skipped"
+    with pytest.warns(PreemptibleWarning, match="preempted.ckpt"):
+        assert callback.resume_path() == str(tmp_path / "ckpt" / "last.ckpt"), "corrupt: skipped"
 
 
 def test_memory_url(tmp_path: Path) -> None:
@@ -114,3 +143,45 @@ def test_memory_url(tmp_path: Path) -> None:
     assert callback.resume_path() == "memory://lt-unit/ckpt/last.ckpt"
     io.remove_checkpoint("memory://lt-unit/ckpt/last.ckpt")
     assert callback.resume_path() is None
+
+
+class _Tiny(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.net(batch[0]).pow(2).mean()
+
+    def train_dataloader(self) -> Any:
+        data = torch.utils.data.TensorDataset(torch.randn(8, 2))
+        return torch.utils.data.DataLoader(data, batch_size=2)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit(ckpt: Path) -> None:
+    preemption = PreemptionCallback(ckpt)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        plugins=[PreemptibleCheckpointIO()],
+        callbacks=[ModelCheckpoint(dirpath=ckpt, save_last=True), preemption],
+    )
+    trainer.fit(_Tiny(), ckpt_path=preemption.resume_path())
+
+
+def test_a_finished_fit_started_again_logs_the_resume_and_exits_0(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _fit(tmp_path)
+    with caplog.at_level(logging.INFO, "preemptible"), pytest.raises(SystemExit) as exit_:
+        _fit(tmp_path)
+    assert isinstance(exit_.value, AlreadyComplete) and exit_.value.code == 0
+    resumed = [r.message for r in caplog.records if r.message.startswith("resumed from")]
+    assert resumed == [f"resumed from step 4 at {tmp_path / 'last.ckpt'}"]
+    assert f"already complete at step 4: the checkpoint at {tmp_path / 'last.ckpt'}" in caplog.text

@@ -18,3 +18,10 @@ from preemptible.checkpoint.retention import steps_to_delete
 )
 def test_steps_to_delete(steps, keep, keep_every, deleted):
     assert steps_to_delete(steps, keep=keep, keep_every=keep_every) == deleted
+
+
+def test_the_step_just_saved_is_kept_below_newer_ones():
+    # A run restored step 200 past corrupt 280..300 and saved 210: 210 stays, the older one goes.
+    steps = [100, 200, 210, 280, 290, 300]
+    assert steps_to_delete(steps, keep=3, keep_every=None, saved=210) == [100, 200]
+    assert steps_to_delete(steps, keep=3, keep_every=None) == [100, 200, 210]  # without it

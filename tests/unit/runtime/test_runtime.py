@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
 
-from preemptible import Checkpointer, Context, preemptible
-from preemptible.errors import ConfigError
+from preemptible import AlreadyComplete, Checkpointer, Context, preemptible
+from preemptible.errors import ConfigError, NoValidCheckpointError, PreemptibleWarning
 
 
 def make_train(root, seen: list[int], **options):
@@ -121,6 +122,7 @@ def test_register_rejects_the_reserved_key_and_late_registration(tmp_path):
         ({"every_steps": 0}, "every_steps"),
         ({"every_seconds": -1}, "every_seconds"),
         ({"interval": "auto", "every_seconds": 5}, "auto"),
+        ({"on_no_valid_checkpoint": "restart"}, "on_no_valid_checkpoint"),
     ],
 )
 def test_bad_options_are_refused_with_a_message(tmp_path, options, needle):
@@ -219,3 +221,101 @@ def test_a_loop_steps_does_not_run_drives_context_with_start_step_done_and_save(
     with pytest.raises(ConfigError, match="once"):
         again.start()
     again.close()
+
+
+# --- resuming: nothing lost, nothing run twice, nothing misleading ---------------------------
+
+
+def _flip_a_byte(root: Path, step: int) -> None:
+    """A real bit flip in the middle of the first data file of checkpoint ``step``."""
+    data = sorted((root / f"step-{step:012d}").glob("data-*.bin"))[0]
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    data.write_bytes(bytes(raw))
+
+
+def test_a_finished_run_started_again_says_so_and_exits_0_without_running_its_loop(
+    tmp_path, caplog
+):
+    finished = make_train(tmp_path, [], async_save=False)(total=5)
+    seen: list[int] = []
+    with caplog.at_level(logging.INFO, logger="preemptible"), pytest.raises(SystemExit) as exit_:
+        make_train(tmp_path, seen, async_save=False)(total=5)
+    assert isinstance(exit_.value, AlreadyComplete) and exit_.value.code == 0
+    assert exit_.value.step == 4 and seen == []  # no step ran, the code after the loop neither
+    [done] = [r for r in caplog.records if "already complete" in r.message]
+    assert done.levelno == logging.WARNING
+    assert done.message.startswith("already complete at step 4: the checkpoint at ")
+    assert "step-000000000004" in done.message and "steps 0 to 4" in done.message
+    assert [i.step for i in Checkpointer(tmp_path).list()] == [4]  # nothing saved again
+    seen.clear()
+    assert make_train(tmp_path, seen, async_save=False)(total=7) != finished  # more steps: runs
+    assert seen == [5, 6]
+
+
+def test_every_resume_logs_the_step_and_the_checkpoint_it_resumed_from_once(tmp_path, caplog):
+    with pytest.raises(SystemExit):
+        make_train(tmp_path, [], async_save=False)(stop_at=2)
+    with caplog.at_level(logging.INFO, logger="preemptible"):
+        make_train(tmp_path, [], async_save=False)()
+    resumed = [r for r in caplog.records if r.message.startswith("resumed from")]
+    assert len(resumed) == 1 and resumed[0].levelno == logging.INFO
+    assert resumed[0].name == "preemptible"
+    where = Checkpointer(tmp_path).storage.describe("step-000000000002")
+    assert resumed[0].message.startswith(f"resumed from step 2 at {where} in ")
+
+
+def test_only_rank_0_logs_the_resume(tmp_path, caplog, monkeypatch):
+    with pytest.raises(SystemExit):
+        make_train(tmp_path, [], async_save=False)(stop_at=2)
+    monkeypatch.setenv("RANK", "1")  # what torchrun sets; no process group: nothing to agree
+    with caplog.at_level(logging.INFO, logger="preemptible"):
+        make_train(tmp_path, [], async_save=False)()
+    assert not [r for r in caplog.records if r.message.startswith("resumed from")]
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_then_replaced_by_the_save_of_its_step(tmp_path):
+    reference = make_train(tmp_path / "ref", [], async_save=False)()
+    root = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        make_train(root, [], every_steps=1, keep=None, async_save=False)(stop_at=4)
+    _flip_a_byte(root, 4)  # steps 0 to 4 are committed; 4 is corrupt
+    seen: list[int] = []
+    with pytest.warns(PreemptibleWarning) as caught:
+        result = make_train(root, seen, every_steps=1, keep=None, async_save=False)()
+    messages = [str(w.message) for w in caught]
+    assert any("skipping checkpoint step 4" in m for m in messages)
+    assert any("step 4 at " in m and "is corrupt" in m and "trash" in m for m in messages)
+    assert seen == [4, 5, 6, 7] and result == reference  # from step 3's, exactly
+    ckpt = Checkpointer(root)
+    assert ckpt.verify(4).ok and [i.step for i in ckpt.list()] == list(range(8))
+
+
+def test_when_no_checkpoint_is_valid_the_run_stops_and_names_them(tmp_path):
+    make_train(tmp_path, [], every_steps=2, keep=None, async_save=False)(total=4)
+    for step in (1, 3):
+        _flip_a_byte(tmp_path, step)
+    seen: list[int] = []
+    with pytest.warns(PreemptibleWarning), pytest.raises(NoValidCheckpointError) as err:
+        make_train(tmp_path, seen, every_steps=2, keep=None, async_save=False)()
+    assert seen == [] and err.value.steps == [3, 1]
+    assert 'on_no_valid_checkpoint="start_over"' in str(err.value)
+    assert [i.step for i in Checkpointer(tmp_path).list()] == [1, 3]  # nothing was changed
+
+
+def test_start_over_moves_the_corrupt_checkpoints_aside_and_runs_from_step_0(tmp_path, caplog):
+    reference = make_train(tmp_path / "ref", [], async_save=False)()
+    root = tmp_path / "run"
+    make_train(root, [], every_steps=2, keep=2, async_save=False)()  # leaves 5 and 7
+    for step in (5, 7):
+        _flip_a_byte(root, step)
+    seen: list[int] = []
+    train = make_train(
+        root, seen, every_steps=2, keep=2, async_save=False, on_no_valid_checkpoint="start_over"
+    )
+    with caplog.at_level(logging.WARNING, logger="preemptible"), pytest.warns(PreemptibleWarning):
+        result = train()
+    assert seen == list(range(8)) and result == reference
+    assert "starting over from step 0" in caplog.text and "steps 7, 5" in caplog.text
+    ckpt = Checkpointer(root)
+    assert [i.step for i in ckpt.list()] == [5, 7] and all(ckpt.verify(s).ok for s in (5, 7))
