@@ -265,6 +265,11 @@ class ProcessExecutor:
             if cgroup is not None:
                 containment_module.remove_cgroup(cgroup)
             raise QueueError(f"cannot start {what}: {error}") from error
+        if cgroup is not None:
+            # In the cgroup before this returns: a notice sent while the runner is still starting
+            # (it joins by itself too, but some milliseconds later) must not find it empty.
+            with contextlib.suppress(OSError):
+                runner.write_control(cgroup, "cgroup.procs", str(process.pid))
         if process.stdin is not None:
             _hand_environment(process.stdin, env)
         # Our unreaped child cannot vanish from /proc, so this read cannot race with its exit.
