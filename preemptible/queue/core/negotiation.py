@@ -108,37 +108,18 @@ def clamped_claims(
     save_p95_s: float, restore_s: float, settings: PreemptionSettings
 ) -> tuple[Clamped, ...]:
     """The caps that bound this claim, each with what was claimed and what was counted."""
-    out: list[Clamped] = []
     save, restore = max(0.0, save_p95_s), max(0.0, restore_s)
-    if save > settings.claimed_save_cap_s:
-        out.append(
-            Clamped(
-                claim="save",
-                claimed_s=save,
-                counted_s=settings.claimed_save_cap_s,
-                setting="max_claimed_save",
-            )
-        )
-    if restore > settings.claimed_restore_cap_s:
-        out.append(
-            Clamped(
-                claim="restore",
-                claimed_s=restore,
-                counted_s=settings.claimed_restore_cap_s,
-                setting="max_claimed_restore",
-            )
-        )
     earned = _earned_runtime_s(save, restore, settings)
-    if earned > settings.min_runtime_cap_s:
-        out.append(
-            Clamped(
-                claim="minimum runtime",
-                claimed_s=earned,
-                counted_s=settings.min_runtime_cap_s,
-                setting="min_runtime_max",
-            )
-        )
-    return tuple(out)
+    bounds: tuple[tuple[ClaimName, float, float, str], ...] = (  # claim, value, cap, setting
+        ("save", save, settings.claimed_save_cap_s, "max_claimed_save"),
+        ("restore", restore, settings.claimed_restore_cap_s, "max_claimed_restore"),
+        ("minimum runtime", earned, settings.min_runtime_cap_s, "min_runtime_max"),
+    )
+    return tuple(
+        Clamped(claim=claim, claimed_s=value, counted_s=cap, setting=setting)
+        for claim, value, cap, setting in bounds
+        if value > cap
+    )
 
 
 def interval_hint_seconds(
