@@ -39,6 +39,7 @@ from preemptible.queue.service.access import (
     check_job_access,
     check_may_submit,
     check_own_job,
+    check_team_or_admin,
     queue_scope,
 )
 from preemptible.queue.service.http_edge import Caller, Manager, error_responses
@@ -315,13 +316,15 @@ def logs(
     )
 
 
-@router.get("/queues", summary="Queues with quota, usage and fair share (any token)")
+@router.get("/queues", summary="Queues with quota, usage and fair share (queue or admin token)")
 def queues(principal: Caller, manager: Manager) -> list[QueueView]:
+    check_team_or_admin(principal)
     return manager.queues()
 
 
-@router.get("/stats", summary="The four signals per queue and overall (any token)")
+@router.get("/stats", summary="The four signals per queue and overall (queue or admin token)")
 def stats(principal: Caller, manager: Manager) -> StatsView:
+    check_team_or_admin(principal)
     return manager.stats()
 
 

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from preemptible.errors import JobNotFoundError
 from preemptible.queue.core.model import Tier
 from preemptible.queue.service import dashboard
-from preemptible.queue.service.access import check_job_access, queue_scope
+from preemptible.queue.service.access import check_job_access, check_team_or_admin, queue_scope
 from preemptible.queue.service.dashboard import DashboardView, JobDetailView
 from preemptible.queue.service.history import SignalSample
 from preemptible.queue.service.http_edge import (
@@ -139,13 +139,14 @@ def job_detail(job_id: str, principal: Caller, manager: Manager) -> JobDetailVie
 
 @router.get(
     "/signals/history",
-    summary="Samples of the four signals, one a minute over the last day (any token)",
+    summary="Samples of the four signals, one a minute over the last day (queue or admin token)",
 )
 def signal_history(
     principal: Caller,
     manager: Manager,
     since: Annotated[float, Query(ge=0, allow_inf_nan=False)] = 0.0,
 ) -> list[SignalSample]:
+    check_team_or_admin(principal)
     return _history(manager, since)
 
 

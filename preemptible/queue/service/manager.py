@@ -60,6 +60,7 @@ from preemptible.queue.service.views import (
     QueueView,
     StatsView,
     SubmitRequest,
+    TokenOwner,
     WhyView,
     finite_or_none,
 )
@@ -315,10 +316,15 @@ class QueueManager:
             raise JobNotFoundError(f"job {job_id} has no attempt {k} (it has {record.attempts})")
         return self.runs.attempt_path(job_id, k, "log")
 
-    def job_for_token(self, token: str) -> str | None:
-        """The job whose own token this is. No lock: one dict lookup is atomic, and the API
-        calls this on its event loop, which must never wait for a cycle."""
-        return self.book.by_token.get(_hash(token))
+    def job_for_token(self, token: str) -> TokenOwner | None:
+        """The job whose own token this is, and its state. No lock: a dict lookup and an
+        attribute read are atomic, and the API calls this on its event loop, which must never
+        wait for a cycle."""
+        job_id = self.book.by_token.get(_hash(token))
+        record = None if job_id is None else self.jobs.get(job_id)
+        if record is None:
+            return None
+        return TokenOwner(job_id=record.id, state=record.state)
 
     # --- what jobs tell the manager -----------------------------------------------------------
 

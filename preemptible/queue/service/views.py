@@ -35,6 +35,15 @@ class JobState(enum.StrEnum):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TokenOwner:
+    """The job a job's own token belongs to, and its state (`job_for_token`): once the job
+    has finished, its token is refused."""
+
+    job_id: str
+    state: JobState
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SubmitRequest:
     """`POST /v1/jobs`: what a team asks to run."""
 

@@ -39,6 +39,7 @@ from preemptible.queue.service.views import (
     SignalsView,
     StatsView,
     SubmitRequest,
+    TokenOwner,
     WhyView,
     finite_or_none,
 )
@@ -288,10 +289,13 @@ class FakeQueueManager:
         now = self.clock()
         return [SignalSample(at=at, stats=self.stats()) for at in (now - 60.0, now) if at > since]
 
-    def job_for_token(self, token: str) -> str | None:
+    def job_for_token(self, token: str) -> TokenOwner | None:
         self._maybe_fail()
         with self._changed:
-            return self._by_token.get(token)
+            job_id = self._by_token.get(token)
+            if job_id is None:
+                return None
+            return TokenOwner(job_id=job_id, state=self._jobs[job_id].view.state)
 
     def metrics_snapshot(self) -> dict[str, Any]:
         self._maybe_fail()

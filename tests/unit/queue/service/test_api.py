@@ -99,8 +99,8 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None)
 
 QUEUE_OR_ADMIN = {"admin": True, "own": True, "other": False, "job": False, "other-job": False}
 JOB_ONLY = {"admin": False, "own": False, "other": False, "job": True, "other-job": False}
-ANY_TOKEN = dict.fromkeys(QUEUE_OR_ADMIN, True)
 LISTING = {"admin": True, "own": True, "other": True, "job": False, "other-job": False}
+"""Any queue's token or the admin's; never a job's, which acts on its own job only."""
 
 # name: (method, path, body, success status, who may call it)
 ENDPOINTS: dict[str, tuple[str, str, dict[str, Any] | None, int, dict[str, bool]]] = {
@@ -114,15 +114,15 @@ ENDPOINTS: dict[str, tuple[str, str, dict[str, Any] | None, int, dict[str, bool]
     "cost": ("POST", "/v1/jobs/{id}/cost", {"save_seconds_p95": 5.0}, 200, JOB_ONLY),
     "notice": ("GET", "/v1/jobs/{id}/notice?wait=0", None, 200, JOB_ONLY),
     "checkpointed": ("POST", "/v1/jobs/{id}/checkpointed", {"step": 10}, 200, JOB_ONLY),
-    "queues": ("GET", "/v1/queues", None, 200, ANY_TOKEN),
-    "stats": ("GET", "/v1/stats", None, 200, ANY_TOKEN),
+    "queues": ("GET", "/v1/queues", None, 200, LISTING),
+    "stats": ("GET", "/v1/stats", None, 200, LISTING),
     "events": ("GET", "/v1/events", None, 200, LISTING),
     "events-queue": ("GET", "/v1/events?queue=team-a", None, 200, QUEUE_OR_ADMIN),
     # the dashboard's answers (dashboard_api.py)
     "dashboard": ("GET", "/v1/dashboard", None, 200, LISTING),
     "dashboard-queue": ("GET", "/v1/dashboard?queue=team-a", None, 200, QUEUE_OR_ADMIN),
     "detail": ("GET", "/v1/jobs/{id}/detail", None, 200, QUEUE_OR_ADMIN),
-    "signal-history": ("GET", "/v1/signals/history", None, 200, ANY_TOKEN),
+    "signal-history": ("GET", "/v1/signals/history", None, 200, LISTING),
 }
 
 
@@ -196,6 +196,35 @@ def test_a_queue_token_lists_only_its_own_queues_jobs_and_events(
     assert events and {e["queue"] for e in events} == {"team-b"}
     message = assert_error(http.get("/v1/events?queue=team-a", headers=TEAM_B), 403)
     assert "team-a" in message
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/queues", "/v1/stats", "/v1/signals/history", "/v1/dashboard", "/v1/jobs", "/v1/events"],
+)
+def test_a_job_token_acts_on_its_own_job_only(
+    http: httpx.Client, fake: FakeQueueManager, path: str
+) -> None:
+    job = running_job(fake)
+    message = assert_error(http.get(path, headers=job_headers(fake, job)), 403, "forbidden")
+    assert f"job {job.id!r}" in message and "its own job only" in message
+
+
+def test_a_job_token_expires_when_its_job_has_finished(
+    http: httpx.Client, fake: FakeQueueManager
+) -> None:
+    job = running_job(fake)
+    headers = job_headers(fake, job)
+    assert http.get(f"/v1/jobs/{job.id}/notice", headers=headers).status_code == 200
+    fake.finish(job.id)
+    for method, path, body in (
+        ("GET", "notice", None),
+        ("POST", "cost", {"save_seconds_p95": 1.0}),
+        ("POST", "checkpointed", {"step": 1}),
+    ):
+        response = http.request(method, f"/v1/jobs/{job.id}/{path}", json=body, headers=headers)
+        message = assert_error(response, 401, "unauthenticated")
+        assert message.startswith("this job has finished; its token expired"), message
 
 
 def test_a_queue_token_cannot_submit_to_another_queue(http: httpx.Client) -> None:
@@ -317,13 +346,11 @@ def job_headers(fake: FakeQueueManager, job: JobView) -> dict[str, str]:
     return bearer(fake.job_token(job.id))
 
 
-def test_cost_and_checkpointed_after_the_job_finished_are_409(
+def test_checkpointed_of_a_job_that_is_not_running_is_409(
     http: httpx.Client, fake: FakeQueueManager
 ) -> None:
-    job = running_job(fake)
-    fake.finish(job.id)
+    job = fake.submit(SubmitRequest(queue="team-a", command=["x"]))  # pending: no process
     headers = job_headers(fake, job)
-    assert_error(http.post(f"/v1/jobs/{job.id}/cost", json={}, headers=headers), 409)
     response = http.post(f"/v1/jobs/{job.id}/checkpointed", json={"step": 1}, headers=headers)
     assert_error(response, 409, "conflict")
 
@@ -444,7 +471,7 @@ def test_queues_and_stats(http: httpx.Client, fake: FakeQueueManager) -> None:
     queues = http.get("/v1/queues", headers=TEAM_B).json()
     assert [q["name"] for q in queues] == ["team-a", "team-b"]
     assert set(queues[0]) == {f.name for f in dataclasses.fields(QueueView)}
-    stats = http.get("/v1/stats", headers=job_headers(fake, running_job(fake))).json()
+    stats = http.get("/v1/stats", headers=TEAM_A).json()
     assert set(stats["queues"]) == {"team-a", "team-b"}
     assert set(stats["overall"]) == {f.name for f in dataclasses.fields(SignalsView)}
     assert stats["queues"]["team-b"]["p95_wait_s"] == 120.0
@@ -453,7 +480,7 @@ def test_queues_and_stats(http: httpx.Client, fake: FakeQueueManager) -> None:
 def test_signal_history_is_the_managers_samples_after_since(
     http: httpx.Client, fake: FakeQueueManager
 ) -> None:
-    samples = http.get("/v1/signals/history", headers=job_headers(fake, running_job(fake))).json()
+    samples = http.get("/v1/signals/history", headers=TEAM_A).json()
     assert [set(s) for s in samples] == [{"at", "stats"}] * 2
     assert samples[1]["stats"]["queues"]["team-b"]["p95_wait_s"] == 120.0
     since = {"since": samples[1]["at"] - 1.0}

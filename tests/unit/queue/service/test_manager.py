@@ -22,7 +22,7 @@ from preemptible.queue.service.executor import ProcessExecutor
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.server import build_manager
 from preemptible.queue.service.store import FILE_NAME, Store
-from preemptible.queue.service.views import CostView, JobState, SubmitRequest
+from preemptible.queue.service.views import CostView, JobState, SubmitRequest, TokenOwner
 
 CONFIG = {
     "cluster": {"gpus": 2},
@@ -119,6 +119,18 @@ def test_a_job_runs_with_its_gpus_and_token_and_its_exit_is_recorded(tmp_path):
     assert "exited with 3" in failed.reason
     kinds = [e.kind for e in m.events(job_id=ok.id)]
     assert kinds == ["submitted", "admitted", "completed"]
+
+
+def test_a_job_token_names_its_job_and_says_when_the_job_has_finished(tmp_path):
+    m = manager(tmp_path / "state")
+    job = submit(m, "a", "import time; time.sleep(60)")
+    token = m._job_token(job.id)
+    assert m.job_for_token(token) == TokenOwner(job_id=job.id, state=JobState.PENDING)
+    until(m, lambda: state_of(m, job.id) is JobState.RUNNING)
+    m.cancel(job.id)
+    until(m, lambda: state_of(m, job.id).finished)
+    assert m.job_for_token(token) == TokenOwner(job_id=job.id, state=JobState.CANCELLED)
+    assert m.job_for_token("not-a-token") is None
 
 
 def test_bad_submissions_are_refused_and_nothing_is_stored(tmp_path):
