@@ -318,7 +318,8 @@ def events(
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
-    """The audit log: submitted, admitted, notice, exited, requeued, cancelled, with reasons."""
+    """The audit log: submitted, admitted, notice, exited, requeued, cancelled, with reasons
+    and who asked (the admin, queue:NAME or job:ID; - for the manager's own decisions)."""
     pause_s = _duration(interval, "--interval")
     client = _Client(url, token)
     params: dict[str, Any] = {"since": since, "queue": queue, "job_id": job}
@@ -345,8 +346,17 @@ def events(
 def _event_line(event: dict[str, Any]) -> str:
     return (
         f"{event['id']:>6}  {_clock(event['at'])}  {event['kind']:<12} "
-        f"{event['job_id'] or '-':<8} {event['queue'] or '-':<12} {event['reason']}"
+        f"{event['job_id'] or '-':<8} {event['queue'] or '-':<12} {_who(event.get('by')):<16} "
+        f"{event['reason']}"
     )
+
+
+def _who(by: dict[str, Any] | None) -> str:
+    """Who asked for an event: `admin`, `queue:NAME` or `job:ID` (the token used); `-` for the
+    manager's own decisions."""
+    if not by:
+        return "-"
+    return "admin" if by.get("kind") == "admin" else f"{by.get('kind')}:{by.get('name')}"
 
 
 def _duration(text: str, option: str) -> float:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from preemptible.errors import AccessDeniedError
-from preemptible.queue.service.auth import Principal, PrincipalKind
+from preemptible.queue.service.views import Principal, PrincipalKind
 
 __all__ = [
     "JobQueues",

@@ -197,7 +197,7 @@ _BODY = error_responses(400, 413)
 @router.post("/jobs", status_code=201, responses=_BODY, summary="Submit a job")
 def submit(body: SubmitBody, principal: Caller, manager: Manager) -> JobView:
     check_may_submit(principal, body.queue)
-    return manager.submit(body.to_view())
+    return manager.submit(body.to_view(), by=principal)
 
 
 @router.get("/jobs", summary="List jobs")
@@ -225,7 +225,7 @@ def get_job(job_id: str, principal: Caller, manager: Manager) -> JobView:
 )
 def cancel(job_id: str, principal: Caller, manager: Manager) -> JobView:
     check_job_access(manager, principal, job_id)
-    return manager.cancel(job_id)
+    return manager.cancel(job_id, by=principal)
 
 
 @router.get("/jobs/{job_id}/why", responses=_JOB, summary="Why pending, why preempted")
@@ -243,7 +243,7 @@ def report_cost(
     job_id: str, body: CostBody, principal: Caller, manager: Manager
 ) -> NegotiationView:
     check_own_job(principal, job_id)
-    return manager.report_cost(job_id, body.to_view())
+    return manager.report_cost(job_id, body.to_view(), by=principal)
 
 
 @router.get(
@@ -277,7 +277,7 @@ def checkpointed(
     job_id: str, body: CheckpointedBody, principal: Caller, manager: Manager
 ) -> CheckpointedAnswer:
     check_own_job(principal, job_id)
-    manager.checkpointed(job_id, step=body.step, at=body.at)
+    manager.checkpointed(job_id, step=body.step, at=body.at, by=principal)
     return CheckpointedAnswer()
 
 

@@ -16,14 +16,13 @@ constant-time in the token.
 
 from __future__ import annotations
 
-import enum
 import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from preemptible.errors import ConfigError, QueueError
-from preemptible.queue.service.views import TokenOwner
+from preemptible.queue.service.views import ADMIN, Principal, PrincipalKind, TokenOwner
 
 ENV_PREFIX = "env:"
 """A token spec starting with this names an environment variable that holds the token."""
@@ -34,38 +33,6 @@ class AuthenticationError(QueueError, PermissionError):
 
     Lives here until the shared error tree (`preemptible/errors.py`) gains a 401 error.
     """
-
-
-class PrincipalKind(enum.StrEnum):
-    """What a token stands for."""
-
-    ADMIN = "admin"
-    QUEUE = "queue"
-    JOB = "job"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Principal:
-    """An authenticated caller: the admin, a queue (by name) or a job (by id)."""
-
-    kind: PrincipalKind
-    name: str
-    """"admin", the queue's name or the job's id."""
-
-    def may_act_for_queue(self, queue: str) -> bool:
-        """True for the admin and for the queue's own token."""
-        return self.kind is PrincipalKind.ADMIN or (
-            self.kind is PrincipalKind.QUEUE and self.name == queue
-        )
-
-    def describe(self) -> str:
-        """Words for error messages ("the token of queue 'team-a'")."""
-        if self.kind is PrincipalKind.ADMIN:
-            return "the admin token"
-        return f"the token of {self.kind.value} {self.name!r}"
-
-
-ADMIN = Principal(kind=PrincipalKind.ADMIN, name="admin")
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from typing import Any
 from preemptible.errors import JobNotFoundError
 from preemptible.queue.service.records import JobRecord
 from preemptible.queue.service.store import Store
+from preemptible.queue.service.views import Principal
 
 
 class JobBook:
@@ -47,8 +48,18 @@ class JobBook:
         record: JobRecord,
         reason: str,
         data: dict[str, Any] | None = None,
+        *,
+        by: Principal | None = None,
     ) -> None:
-        """Add an audit event about `record` to the transaction `db`."""
+        """Add an audit event about `record` to the transaction `db`; `by` asked for it (None:
+        the manager's own decision)."""
         self.store.add_event(
-            db, at=now, kind=kind, job_id=record.id, queue=record.queue, reason=reason, data=data
+            db,
+            at=now,
+            kind=kind,
+            job_id=record.id,
+            queue=record.queue,
+            reason=reason,
+            data=data,
+            by=None if by is None else (by.kind.value, by.name),
         )

@@ -30,7 +30,7 @@ from preemptible.errors import (
     RequestError,
 )
 from preemptible.queue.core.config import QueueConfig
-from preemptible.queue.service.auth import AuthenticationError, Authenticator, Principal
+from preemptible.queue.service.auth import AuthenticationError, Authenticator
 from preemptible.queue.service.views import (
     CostView,
     EventView,
@@ -38,6 +38,7 @@ from preemptible.queue.service.views import (
     JobView,
     NegotiationView,
     NoticeView,
+    Principal,
     QueueView,
     StatsView,
     SubmitRequest,
@@ -52,23 +53,28 @@ class QueueManagerProtocol(Protocol):
     """What the HTTP layer asks of the manager (`manager.QueueManager` implements it).
 
     The methods are called from many threads at once, and `wait_notice` blocks for up to
-    `wait_s`; `job_for_token` is called on the event loop and must never block. They raise
+    `wait_s`; `job_for_token` is called on the event loop and must never block. Each change
+    takes `by`, the caller, for the audit log (None: not asked over HTTP). They raise
     the shared errors (`RequestError`, `JobNotFoundError`,
     `JobStateError`, `AccessDeniedError`), which become 400, 404, 409 and 403.
     """
 
     @property
     def config(self) -> QueueConfig: ...
-    def submit(self, req: SubmitRequest) -> JobView: ...
+    def submit(self, req: SubmitRequest, *, by: Principal | None = None) -> JobView: ...
     def list_jobs(
         self, *, queue: str | None = None, state: JobState | None = None
     ) -> list[JobView]: ...
     def get_job(self, job_id: str) -> JobView: ...
-    def cancel(self, job_id: str) -> JobView: ...
+    def cancel(self, job_id: str, *, by: Principal | None = None) -> JobView: ...
     def why(self, job_id: str) -> WhyView: ...
-    def report_cost(self, job_id: str, cost: CostView) -> NegotiationView: ...
+    def report_cost(
+        self, job_id: str, cost: CostView, *, by: Principal | None = None
+    ) -> NegotiationView: ...
     def wait_notice(self, job_id: str, wait_s: float) -> NoticeView | None: ...
-    def checkpointed(self, job_id: str, *, step: int, at: float | None) -> None: ...
+    def checkpointed(
+        self, job_id: str, *, step: int, at: float | None, by: Principal | None = None
+    ) -> None: ...
     def queues(self) -> list[QueueView]: ...
     def stats(self) -> StatsView: ...
     def events(

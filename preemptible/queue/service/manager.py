@@ -57,6 +57,8 @@ from preemptible.queue.service.views import (
     JobView,
     NegotiationView,
     NoticeView,
+    Principal,
+    PrincipalKind,
     QueueView,
     StatsView,
     SubmitRequest,
@@ -198,8 +200,9 @@ class QueueManager:
 
     # --- submissions --------------------------------------------------------------------------
 
-    def submit(self, req: SubmitRequest) -> JobView:
-        """Take a job; it is in the state file when this returns.
+    def submit(self, req: SubmitRequest, *, by: Principal | None = None) -> JobView:
+        """Take a job; it is in the state file when this returns. `by` (the caller) is in its
+        'submitted' event, as in every event a caller asks for.
 
         Submissions that arrive together are committed together (`GroupCommit`), outside the
         manager's lock: the job is scheduled only once it is on disk.
@@ -232,7 +235,7 @@ class QueueManager:
 
         def write(db: Any) -> None:
             self.store.insert_job(db, seq, job_id, req.queue, record.state, token_hash, doc)
-            self.book.event(db, now, "submitted", record, "submitted", {"gpus": req.gpus})
+            self.book.event(db, now, "submitted", record, "submitted", {"gpus": req.gpus}, by=by)
 
         self.commits.write(write)
         with self.changed:
@@ -304,8 +307,17 @@ class QueueManager:
     ) -> list[EventView]:
         rows = self.store.events(since=since, queue=queue, job_id=job_id, limit=limit)
         return [
-            EventView(id=i, at=at, kind=k, job_id=j, queue=q, reason=r, data=d)
-            for i, at, k, j, q, r, d in rows
+            EventView(
+                id=row.id,
+                at=row.at,
+                kind=row.kind,
+                job_id=row.job_id,
+                queue=row.queue,
+                reason=row.reason,
+                data=row.data,
+                by=_principal(row.by),
+            )
+            for row in rows
         ]
 
     def log_path(self, job_id: str, attempt: int | None = None) -> Path:
@@ -328,7 +340,9 @@ class QueueManager:
 
     # --- what jobs tell the manager -----------------------------------------------------------
 
-    def report_cost(self, job_id: str, cost: CostView) -> NegotiationView:
+    def report_cost(
+        self, job_id: str, cost: CostView, *, by: Principal | None = None
+    ) -> NegotiationView:
         """A job's measured cost: the answer is its grace, minimum runtime and interval hint.
 
         The report's last checkpoint counts as one (less work at stake), never as the ack of a
@@ -347,14 +361,17 @@ class QueueManager:
             if job_id in st.pending or job_id in st.running:
                 st.refresh(record.core_job())
             with self.store.transaction() as db:
-                answer = self._negotiate(db, record, now)
+                answer = self._negotiate(db, record, now, by=by)
                 self.store.update_job(db, job_id, record.state, record.to_doc())
             self.runs.dirty = True
             return answer
 
-    def _negotiate(self, db: Any, record: JobRecord, now: float) -> NegotiationView:
+    def _negotiate(
+        self, db: Any, record: JobRecord, now: float, *, by: Principal | None = None
+    ) -> NegotiationView:
         """The job's terms from its claimed cost and its observed exit, stored in `record`;
-        a 'negotiated' event when its grace or minimum runtime change."""
+        a 'negotiated' event when its grace or minimum runtime change (`by`: the job, when its
+        report changed them; None when its observed exit did)."""
         cost = record.cost or CostView()
         save = cost.save_seconds_p95 or 0.0
         answer = negotiate(
@@ -386,7 +403,7 @@ class QueueManager:
                 "observed_exit_s": record.observed_exit_s,
                 "interval_hint_s": hint,
             }
-            self.book.event(db, now, "negotiated", record, why, data)
+            self.book.event(db, now, "negotiated", record, why, data, by=by)
             record.terms_logged = [answer.grace_s, answer.min_runtime_s]
         return NegotiationView(
             grace_s=answer.grace_s,
@@ -394,7 +411,9 @@ class QueueManager:
             checkpoint_interval_hint_s=hint,
         )
 
-    def checkpointed(self, job_id: str, *, step: int, at: float | None) -> None:
+    def checkpointed(
+        self, job_id: str, *, step: int, at: float | None, by: Principal | None = None
+    ) -> None:
         """A job committed a checkpoint; one committed after its notice was sent is the ack:
         the job is exiting with nothing left to save."""
         with self.changed:
@@ -411,7 +430,7 @@ class QueueManager:
             with self.store.transaction() as db:
                 self.store.update_job(db, job_id, record.state, record.to_doc())
                 reason = "saved after the notice: exiting" if acked else "saved"
-                self.book.event(db, now, "checkpointed", record, reason, {"step": step})
+                self.book.event(db, now, "checkpointed", record, reason, {"step": step}, by=by)
             self.changed.notify_all()
 
     def _note_checkpoint(self, record: JobRecord, step: int | None, at: float) -> float:
@@ -442,7 +461,9 @@ class QueueManager:
 
     # --- cancel -------------------------------------------------------------------------------
 
-    def cancel(self, job_id: str) -> JobView:
+    def cancel(self, job_id: str, *, by: Principal | None = None) -> JobView:
+        """Cancel a job: a pending one at once, a running one by a notice; `by` is in the
+        notice's event and in the 'cancelled' one, whenever the job is gone."""
         with self.changed:
             now = self.clock()
             record = self.book.get(job_id)
@@ -450,14 +471,16 @@ class QueueManager:
                 raise JobStateError(f"job {job_id} has already {record.state}")
             if record.state == JobState.PENDING:
                 self.shell.state.withdraw(job_id)
-                self.runs.finish(record, now, JobState.CANCELLED, "cancelled while pending")
+                self.runs.finish(record, now, JobState.CANCELLED, "cancelled while pending", by=by)
             elif record.state == JobState.RUNNING:
                 record.cancel_requested = True
+                record.cancelled_by = by
                 grace = record.grace_s or grace_seconds(0.0, self.config.preemption)
-                self.runs.send_notice(record, now, "cancelled: save and exit", grace, None)
+                self.runs.send_notice(record, now, "cancelled: save and exit", grace, None, by=by)
                 self.shell.state.mark_terminating(job_id, expected_end=now + grace)
             else:
                 record.cancel_requested = True
+                record.cancelled_by = by
                 self.book.save(record)
             self.runs.dirty = True
             self.changed.notify_all()
@@ -536,6 +559,16 @@ class QueueManager:
 def _moved(old: float, new: float) -> bool:
     """A change of terms worth an event: a tenth or more, and at least a second."""
     return abs(new - old) >= max(1.0, 0.1 * abs(old))
+
+
+def _principal(by: tuple[str, str] | None) -> Principal | None:
+    """Who asked for a stored event (None: the manager, or a kind this version does not know)."""
+    if by is None:
+        return None
+    try:
+        return Principal(kind=PrincipalKind(by[0]), name=by[1])
+    except ValueError:
+        return None
 
 
 def _hash(token: str) -> str:

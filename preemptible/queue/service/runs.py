@@ -32,7 +32,7 @@ from preemptible.queue.scheduler_loop import Leaving, Shell
 from preemptible.queue.service.book import JobBook
 from preemptible.queue.service.executor import Exit, ExitKind, LaunchSpec, ProcessExecutor
 from preemptible.queue.service.records import JobRecord, SentNotice
-from preemptible.queue.service.views import JobState
+from preemptible.queue.service.views import JobState, Principal
 
 ACK_EXIT_S = 5.0
 """After a job says it has saved and is exiting, it gets this long before SIGKILL."""
@@ -146,9 +146,17 @@ class JobRuns:
         return self.log_dir / job_id / f"attempt-{attempt}.{what}"
 
     def send_notice(
-        self, record: JobRecord, now: float, reason: str, grace_s: float, for_job: str | None
+        self,
+        record: JobRecord,
+        now: float,
+        reason: str,
+        grace_s: float,
+        for_job: str | None,
+        *,
+        by: Principal | None = None,
     ) -> None:
-        """Store the notice, then SIGTERM the job's group (a restart sends one never sent)."""
+        """Store the notice, then SIGTERM the job's group (a restart sends one never sent);
+        `by` asked for it (a cancel), None when a cycle decided it."""
         record.notice = SentNotice(
             reason=reason, grace_s=grace_s, sent_at=now, deadline=now + grace_s, for_job=for_job
         )
@@ -156,7 +164,8 @@ class JobRuns:
         record.reason = reason
         with self.book.store.transaction() as db:
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
-            self.book.event(db, now, "notice", record, reason, {"grace_s": grace_s, "for": for_job})
+            data = {"grace_s": grace_s, "for": for_job}
+            self.book.event(db, now, "notice", record, reason, data, by=by)
         if record.handle is not None:
             self.executor.terminate(record.handle)
             # Stored once sent: a manager that dies before this line sends it again at restart.
@@ -228,7 +237,8 @@ class JobRuns:
             "acked": notice.acked_at is not None,
         }
         if record.cancel_requested:
-            self.finish(record, now, JobState.CANCELLED, "stopped on request", data)
+            by = record.cancelled_by
+            self.finish(record, now, JobState.CANCELLED, "stopped on request", data, by=by)
             return
         record.preemptions += 1
         record.last_preempted_at = notice.sent_at
@@ -250,15 +260,18 @@ class JobRuns:
         state: JobState,
         reason: str,
         data: dict[str, Any] | None = None,
+        *,
+        by: Principal | None = None,
     ) -> None:
-        """The job is over for good: completed, failed or cancelled, with the reason."""
+        """The job is over for good: completed, failed or cancelled, with the reason (and who
+        cancelled it)."""
         record.state = state
         record.reason = f"{state.value}: {reason}"
         record.finished_at = now
         record.cancel_requested = False
         with self.book.store.transaction() as db:
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
-            self.book.event(db, now, state.value, record, reason, data)
+            self.book.event(db, now, state.value, record, reason, data, by=by)
 
 
 def _exit_words(ended: Exit) -> str:

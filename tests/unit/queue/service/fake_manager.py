@@ -35,6 +35,7 @@ from preemptible.queue.service.views import (
     JobView,
     NegotiationView,
     NoticeView,
+    Principal,
     QueueView,
     SignalsView,
     StatsView,
@@ -108,7 +109,7 @@ class FakeQueueManager:
 
     # --- the manager's surface -----------------------------------------------------------------
 
-    def submit(self, req: SubmitRequest) -> JobView:
+    def submit(self, req: SubmitRequest, *, by: Principal | None = None) -> JobView:
         self._maybe_fail()
         queues = {q.name for q in self.config.queues}
         if req.queue not in queues:
@@ -146,7 +147,7 @@ class FakeQueueManager:
             token = secrets.token_urlsafe(24)
             self._jobs[job_id] = _Job(view=view, token=token)
             self._by_token[token] = job_id
-            self._event("submitted", view, "submitted", {"gpus": req.gpus})
+            self._event("submitted", view, "submitted", {"gpus": req.gpus}, by=by)
             return view
 
     def list_jobs(
@@ -171,14 +172,14 @@ class FakeQueueManager:
         with self._changed:
             return self._get(job_id).view.queue
 
-    def cancel(self, job_id: str) -> JobView:
+    def cancel(self, job_id: str, *, by: Principal | None = None) -> JobView:
         self._maybe_fail()
         with self._changed:
             job = self._get(job_id)
             if job.view.state.finished:
                 raise JobStateError(f"job {job_id} has already {job.view.state}")
             self._set(job, state=JobState.CANCELLED, finished_at=self.clock(), reason="cancelled")
-            self._event("cancelled", job.view, "cancelled by request")
+            self._event("cancelled", job.view, "cancelled by request", by=by)
             return job.view
 
     def why(self, job_id: str) -> WhyView:
@@ -188,7 +189,9 @@ class FakeQueueManager:
             history = [e for e in reversed(self._events) if e.job_id == job_id]
             return WhyView(id=job_id, state=view.state, reason=view.reason, history=history)
 
-    def report_cost(self, job_id: str, cost: CostView) -> NegotiationView:
+    def report_cost(
+        self, job_id: str, cost: CostView, *, by: Principal | None = None
+    ) -> NegotiationView:
         self._maybe_fail()
         with self._changed:
             job = self._get(job_id)
@@ -197,6 +200,7 @@ class FakeQueueManager:
             self.cost_reports.append((job_id, cost))
             grace = min(600.0, max(30.0, 1.5 * (cost.save_seconds_p95 or 0.0) + 10.0))
             self._set(job, cost=cost, grace_s=grace)
+            self._event("negotiated", job.view, f"grace {grace:g} s", {"grace_s": grace}, by=by)
             return NegotiationView(
                 grace_s=grace, min_runtime_s=300.0, checkpoint_interval_hint_s=None
             )
@@ -214,14 +218,16 @@ class FakeQueueManager:
                     return notice
                 self._changed.wait(timeout=left)
 
-    def checkpointed(self, job_id: str, *, step: int, at: float | None) -> None:
+    def checkpointed(
+        self, job_id: str, *, step: int, at: float | None, by: Principal | None = None
+    ) -> None:
         self._maybe_fail()
         with self._changed:
             job = self._get(job_id)
             if job.view.state not in (JobState.RUNNING, JobState.PREEMPTING):
                 raise JobStateError(f"job {job_id} is {job.view.state}, not running")
             self.checkpoints.append((job_id, step, at))
-            self._event("checkpointed", job.view, "saved", {"step": step})
+            self._event("checkpointed", job.view, "saved", {"step": step}, by=by)
 
     def queues(self) -> list[QueueView]:
         self._maybe_fail()
@@ -381,7 +387,13 @@ class FakeQueueManager:
         job.view = dataclasses.replace(job.view, **changes)
 
     def _event(
-        self, kind: str, view: JobView, reason: str, data: Mapping[str, Any] | None = None
+        self,
+        kind: str,
+        view: JobView,
+        reason: str,
+        data: Mapping[str, Any] | None = None,
+        *,
+        by: Principal | None = None,
     ) -> None:
         self._events.append(
             EventView(
@@ -392,6 +404,7 @@ class FakeQueueManager:
                 queue=view.queue,
                 reason=reason,
                 data=dict(data or {}),
+                by=by,
             )
         )
 

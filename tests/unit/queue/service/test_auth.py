@@ -13,13 +13,11 @@ from preemptible.queue.core import parse_config_text
 from preemptible.queue.service.auth import (
     AuthenticationError,
     Authenticator,
-    Principal,
-    PrincipalKind,
     Tokens,
     bearer_token,
     resolve_tokens,
 )
-from preemptible.queue.service.views import JobState, TokenOwner
+from preemptible.queue.service.views import JobState, Principal, PrincipalKind, TokenOwner
 
 from .fake_manager import (
     ADMIN_TOKEN,

@@ -249,6 +249,22 @@ def test_events_print_one_line_each(cli: RunCli, fake: FakeQueueManager) -> None
     ]
 
 
+def test_events_say_who_asked_for_each_change(cli: RunCli) -> None:
+    job_id = cli("submit", "--queue", "team-a", "--json", "--", "x").stdout
+    job_id = json.loads(job_id)["id"]
+    assert cli("cancel", job_id, token=ADMIN_TOKEN).exit_code == 0
+    lines = cli("events", "--job", job_id).stdout.splitlines()
+    assert [line.split()[3:7] for line in lines] == [
+        ["submitted", job_id, "team-a", "queue:team-a"],
+        ["cancelled", job_id, "team-a", "admin"],
+    ]
+    found = json.loads(cli("events", "--job", job_id, "--json").stdout)
+    assert [e["by"] for e in found] == [
+        {"kind": "queue", "name": "team-a"},
+        {"kind": "admin", "name": "admin"},
+    ]
+
+
 def test_stats_show_the_four_signals_per_queue(cli: RunCli) -> None:
     result = cli("stats")
     assert result.exit_code == 0, result.output

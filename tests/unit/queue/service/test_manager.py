@@ -15,9 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 from preemptible.errors import JobNotFoundError, JobStateError, RequestError, StateStoreError
 from preemptible.queue.core import parse_config
+from preemptible.queue.service.app import create_app
+from preemptible.queue.service.auth import Tokens
 from preemptible.queue.service.executor import ProcessExecutor
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.server import build_manager
@@ -384,3 +387,36 @@ def test_a_corrupt_or_newer_state_file_is_refused_and_left_alone(tmp_path):
     with pytest.raises(StateStoreError, match="newer preemptible"):
         manager(newer)
     assert (newer / FILE_NAME).read_bytes() == before
+
+
+def test_the_audit_log_says_who_submitted_reported_saved_and_cancelled(tmp_path):
+    m = manager(tmp_path / "state")
+    tokens = Tokens(admin="admin-token", queues={"a": "a-token", "b": "b-token"})
+    client = TestClient(create_app(m, tokens=tokens))
+    team_a, admin = {"Authorization": "Bearer a-token"}, {"Authorization": "Bearer admin-token"}
+    body = {"queue": "a", "command": [PY, "-c", SAVER], "gpus": 1, "cwd": str(tmp_path)}
+    job = client.post("/v1/jobs", json=body, headers=team_a).json()["id"]
+    waiting = client.post("/v1/jobs", json={**body, "gpus": 2}, headers=admin).json()["id"]
+    running(m, job)
+    own = {"Authorization": f"Bearer {m._job_token(job)}"}
+    assert client.post(f"/v1/jobs/{job}/cost", json={"save_seconds_p95": 2.0}, headers=own)
+    assert client.post(f"/v1/jobs/{job}/checkpointed", json={"step": 3}, headers=own)
+    assert client.delete(f"/v1/jobs/{waiting}", headers=team_a).status_code == 202
+    assert client.delete(f"/v1/jobs/{job}", headers=admin).status_code == 202
+    until(m, lambda: state_of(m, job) is JobState.CANCELLED)
+
+    def who(job_id: str) -> dict[str, object]:
+        events = client.get("/v1/events", params={"job_id": job_id}, headers=admin).json()
+        return {e["kind"]: e["by"] for e in events}
+
+    as_team_a, as_admin = {"kind": "queue", "name": "a"}, {"kind": "admin", "name": "admin"}
+    as_job = {"kind": "job", "name": job}
+    assert who(job) == {
+        "submitted": as_team_a,
+        "admitted": None,  # the manager's own decision
+        "negotiated": as_job,
+        "checkpointed": as_job,
+        "notice": as_admin,  # the cancel's notice
+        "cancelled": as_admin,  # and the cancel, once the job has exited
+    }
+    assert who(waiting) == {"submitted": as_admin, "cancelled": as_team_a}

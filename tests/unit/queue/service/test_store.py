@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from preemptible.queue.service.store import GroupCommit, Store
+from preemptible.queue.service.store import FILE_NAME, GroupCommit, Store
 
 
 def jobs_in(path: Path) -> list[str]:
@@ -83,3 +83,25 @@ def test_a_failing_write_in_a_shared_commit_fails_alone(tmp_path: Path) -> None:
         t.join()
     assert list(errors) == ["j1"] and isinstance(errors["j1"], sqlite3.IntegrityError)
     assert jobs_in(store.path) == ["j1", "j2", "j4"]
+
+
+def test_an_audit_log_written_before_it_said_who_gains_the_columns(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / FILE_NAME) as db:
+        db.executescript(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "INSERT INTO meta VALUES ('schema_version', '1');"
+            "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, "
+            "kind TEXT NOT NULL, job_id TEXT, queue TEXT, reason TEXT NOT NULL, "
+            "data TEXT NOT NULL);"
+            "INSERT INTO events (at, kind, job_id, queue, reason, data) "
+            "VALUES (1.0, 'submitted', 'j1', 'a', 'submitted', '{}');"
+        )
+    db.close()
+    store = Store(tmp_path)
+    with store.transaction() as db:
+        store.add_event(
+            db, at=2.0, kind="cancelled", job_id="j1", queue="a", reason="x", by=("admin", "admin")
+        )
+    found = [(r.kind, r.by) for r in store.events()]
+    assert found == [("submitted", None), ("cancelled", ("admin", "admin"))]
+    store.close()
