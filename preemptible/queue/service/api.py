@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Query, Request
+from fastapi.datastructures import URL
 from fastapi.responses import Response
 from pydantic import (
     BaseModel,
@@ -65,6 +66,11 @@ MAX_NOTICE_WAIT_S = 60.0
 """A notice long-poll waits at most this long, whatever `wait` asks."""
 NOTICE_POLLERS = 256
 """Threads for notice long-polls (one per running job is enough)."""
+DEFAULT_PAGE = 500
+"""Jobs or events in one answer of a listing unless `limit` says otherwise (about 240 KiB of
+jobs); `Link: <...>; rel="next"` says where the next page is."""
+MAX_PAGE = 1000
+"""The most jobs or events one answer holds, whatever `limit` asks."""
 DEFAULT_LOG_CHUNK = 256 * 1024
 MAX_LOG_CHUNK = 1024 * 1024
 
@@ -200,15 +206,48 @@ def submit(body: SubmitBody, principal: Caller, manager: Manager) -> JobView:
     return manager.submit(body.to_view(), by=principal)
 
 
-@router.get("/jobs", summary="List jobs")
+_NEXT_PAGE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "headers": {
+            "Link": {
+                "description": 'Where the next page is (`<URL>; rel="next"`), when there may be '
+                "more; follow it until an answer has no Link",
+                "schema": {"type": "string"},
+            }
+        }
+    }
+}
+
+
+def _next_page(request: Request, response: Response, **cursor: str | int) -> None:
+    """Say where the next page of this listing starts: the same query from `cursor`."""
+    url = URL(request.url.path).include_query_params(**{**request.query_params, **cursor})
+    response.headers["Link"] = f'<{url}>; rel="next"'
+
+
+@router.get(
+    "/jobs",
+    responses={**error_responses(400), **_NEXT_PAGE},
+    summary="List jobs, oldest first, a page at a time",
+)
 def list_jobs(
+    request: Request,
+    response: Response,
     principal: Caller,
     manager: Manager,
     queue: Annotated[str | None, Query(max_length=200)] = None,
     state: JobState | None = None,
+    after: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
 ) -> list[JobView]:
+    """Jobs in submission order: the first `limit` submitted after the job `after` (its id;
+    none: from the first). A full page ends with `Link: <...>; rel="next"`."""
     scope = queue_scope(principal, queue)
-    return manager.list_jobs(queue=scope, state=state)
+    found = manager.list_jobs(queue=scope, state=state, after=after, limit=limit + 1)
+    if len(found) > limit:
+        found = found[:limit]
+        _next_page(request, response, after=found[-1].id)
+    return found
 
 
 @router.get("/jobs/{job_id}", responses=_JOB, summary="One job")
@@ -328,17 +367,26 @@ def stats(principal: Caller, manager: Manager) -> StatsView:
     return manager.stats()
 
 
-@router.get("/events", summary="The audit log, oldest first")
+@router.get(
+    "/events", responses=_NEXT_PAGE, summary="The audit log, oldest first, a page at a time"
+)
 def events(
+    request: Request,
+    response: Response,
     principal: Caller,
     manager: Manager,
     since: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
     queue: Annotated[str | None, Query(max_length=200)] = None,
     job_id: Annotated[str | None, Query(max_length=200)] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 1000,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
 ) -> list[EventView]:
+    """Events after the id `since`, at most `limit`; a full page ends with `Link: <...>;
+    rel="next"` (the same query from the last id)."""
     scope = queue_scope(principal, queue)
-    found = manager.events(since=since, queue=scope, job_id=job_id, limit=limit)
+    found = manager.events(since=since, queue=scope, job_id=job_id, limit=limit + 1)
+    if len(found) > limit:
+        found = found[:limit]
+        _next_page(request, response, since=found[-1].id)
     return found
 
 

@@ -63,7 +63,12 @@ class QueueManagerProtocol(Protocol):
     def config(self) -> QueueConfig: ...
     def submit(self, req: SubmitRequest, *, by: Principal | None = None) -> JobView: ...
     def list_jobs(
-        self, *, queue: str | None = None, state: JobState | None = None
+        self,
+        *,
+        queue: str | None = None,
+        state: JobState | None = None,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[JobView]: ...
     def get_job(self, job_id: str) -> JobView: ...
     def cancel(self, job_id: str, *, by: Principal | None = None) -> JobView: ...
@@ -107,7 +112,8 @@ class ErrorAnswer(BaseModel):
 # --- errors --------------------------------------------------------------------------------------
 
 _DESCRIPTIONS = {
-    400: "The body is not JSON, or asks the impossible (an unknown queue, too many GPUs...).",
+    400: "The request asks the impossible (an unknown queue, too many GPUs, a page after a job "
+    "that does not exist...).",
     401: "No token, or one this server does not know.",
     403: "The token is valid but not for this queue or job.",
     404: "No job (or attempt) with this id.",

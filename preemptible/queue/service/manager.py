@@ -239,8 +239,7 @@ class QueueManager:
 
         self.commits.write(write)
         with self.changed:
-            self.jobs[job_id] = record
-            self.book.by_token[token_hash] = job_id
+            self.book.add(seq, record, token_hash)
             self.shell.submit(record.core_job())
             self.runs.dirty = True
             self.changed.notify_all()
@@ -281,14 +280,25 @@ class QueueManager:
             return self.book.get(job_id).queue
 
     def list_jobs(
-        self, *, queue: str | None = None, state: JobState | None = None
+        self,
+        *,
+        queue: str | None = None,
+        state: JobState | None = None,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[JobView]:
+        """Jobs in submission order, of one queue or state, from the first submitted after the
+        job `after`, at most `limit` (None: all).
+
+        Raises:
+            RequestError: `after` is not a job's id.
+        """
+
+        def keep(r: JobRecord) -> bool:
+            return (queue is None or r.queue == queue) and (state is None or r.state == state)
+
         with self.lock:
-            return [
-                r.view()
-                for r in self.jobs.values()
-                if (queue is None or r.queue == queue) and (state is None or r.state == state)
-            ]
+            return [r.view() for r in self.book.page(keep, after=after, limit=limit)]
 
     def why(self, job_id: str) -> WhyView:
         with self.lock:

@@ -174,12 +174,14 @@ class Store:
             row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name='jobs'").fetchone()
         return (row[0] if row else 0) + 1
 
-    def load_jobs(self) -> list[tuple[str, str, Any]]:
-        """(id, token hash, record) of every job, in submission order."""
+    def load_jobs(self) -> list[tuple[int, str, str, Any]]:
+        """(sequence number, id, token hash, record) of every job, in submission order."""
         with self._lock:
-            rows = self._db.execute("SELECT id, token_hash, doc FROM jobs ORDER BY seq").fetchall()
+            rows = self._db.execute(
+                "SELECT seq, id, token_hash, doc FROM jobs ORDER BY seq"
+            ).fetchall()
         try:
-            return [(r[0], r[1], json.loads(r[2])) for r in rows]
+            return [(r[0], r[1], r[2], json.loads(r[3])) for r in rows]
         except json.JSONDecodeError as exc:
             raise StateStoreError(f"{self.path} holds a damaged job record: {exc}") from None
 

@@ -151,16 +151,27 @@ class FakeQueueManager:
             return view
 
     def list_jobs(
-        self, *, queue: str | None = None, state: JobState | None = None
+        self,
+        *,
+        queue: str | None = None,
+        state: JobState | None = None,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[JobView]:
         self._maybe_fail()
         with self._changed:
-            return [
-                j.view
-                for j in self._jobs.values()
-                if (queue is None or j.view.queue == queue)
-                and (state is None or j.view.state == state)
+            jobs = list(self._jobs)  # submission order
+            if after is not None:
+                if after not in self._jobs:
+                    raise RequestError(f"after: no job {after!r} to list after; give a job's id")
+                jobs = jobs[jobs.index(after) + 1 :]
+            found = [
+                self._jobs[job_id].view
+                for job_id in jobs
+                if (queue is None or self._jobs[job_id].view.queue == queue)
+                and (state is None or self._jobs[job_id].view.state == state)
             ]
+            return found if limit is None else found[:limit]
 
     def get_job(self, job_id: str) -> JobView:
         self._maybe_fail()

@@ -296,6 +296,43 @@ def test_list_filters_by_state(http: httpx.Client, fake: FakeQueueManager) -> No
     assert_error(http.get("/v1/jobs", params={"state": "lost"}, headers=ADMIN), 422)
 
 
+def pages(http: httpx.Client, path: str, **params: Any) -> list[list[dict[str, Any]]]:
+    """Every page of a listing, following each answer's `Link: <...>; rel="next"`."""
+    found = []
+    response = http.get(path, params=params, headers=ADMIN)
+    while True:
+        assert response.status_code == 200, response.text
+        found.append(response.json())
+        if "next" not in response.links:
+            return found
+        response = http.get(response.links["next"]["url"], headers=ADMIN)
+
+
+def test_jobs_come_a_page_at_a_time_oldest_first(
+    http: httpx.Client, fake: FakeQueueManager
+) -> None:
+    ours = [fake.submit(SubmitRequest(queue="team-b", command=["x"])).id for _ in range(1100)]
+    listed = pages(http, "/v1/jobs", queue="team-b")
+    assert [len(page) for page in listed[:2]] == [api.DEFAULT_PAGE] * 2  # the default page
+    ids = [j["id"] for page in listed for j in page]
+    assert len(ids) == len(set(ids)) and ids[-len(ours) :] == ours  # each once, in order
+    assert [len(p) for p in pages(http, "/v1/jobs", queue="team-b", limit=1000)][:1] == [1000]
+    assert_error(http.get("/v1/jobs", params={"limit": 1001}, headers=ADMIN), 422)
+    mine = pages(http, "/v1/jobs", queue="team-b", after=ours[-3])
+    assert [j["id"] for page in mine for j in page] == ours[-2:]
+    assert "j-none" in assert_error(http.get("/v1/jobs?after=j-none", headers=ADMIN), 400)
+
+
+def test_events_come_a_page_at_a_time(http: httpx.Client, fake: FakeQueueManager) -> None:
+    for _ in range(api.DEFAULT_PAGE + 10):
+        fake.submit(SubmitRequest(queue="team-b", command=["x"]))
+    listed = pages(http, "/v1/events", queue="team-b")
+    assert len(listed[0]) == api.DEFAULT_PAGE and len(listed) >= 2
+    ids = [e["id"] for page in listed for e in page]
+    assert ids == sorted(set(ids)) and len(ids) == len(fake.events(queue="team-b", limit=10**9))
+    assert_error(http.get("/v1/events", params={"limit": api.MAX_PAGE + 1}, headers=ADMIN), 422)
+
+
 def test_get_shows_the_job(http: httpx.Client, fake: FakeQueueManager) -> None:
     job = running_job(fake, gpus=1)
     got = http.get(f"/v1/jobs/{job.id}", headers=TEAM_A).json()

@@ -249,6 +249,19 @@ def test_events_print_one_line_each(cli: RunCli, fake: FakeQueueManager) -> None
     ]
 
 
+def test_status_and_events_follow_the_pages_to_the_end(cli: RunCli, fake: FakeQueueManager) -> None:
+    ids = [fake.submit(SubmitRequest(queue="team-b", command=["x"])).id for _ in range(1100)]
+    listed = [j["id"] for j in json.loads(cli("status", "--json", token=TEAM_B_TOKEN).stdout)]
+    assert len(listed) == len(set(listed)) and set(ids) <= set(listed)
+    table = cli("status", token=TEAM_B_TOKEN).stdout.splitlines()
+    assert {line.split()[0] for line in table[1:]} >= set(ids)
+    events = fake.events(queue="team-b", limit=10**9)
+    lines = cli("events", "--queue", "team-b", token=TEAM_B_TOKEN).stdout.splitlines()
+    assert [int(line.split()[0]) for line in lines] == [e.id for e in events]
+    as_json = json.loads(cli("events", "--queue", "team-b", "--json", token=TEAM_B_TOKEN).stdout)
+    assert [e["id"] for e in as_json] == [e.id for e in events]
+
+
 def test_events_say_who_asked_for_each_change(cli: RunCli) -> None:
     job_id = cli("submit", "--queue", "team-a", "--json", "--", "x").stdout
     job_id = json.loads(job_id)["id"]

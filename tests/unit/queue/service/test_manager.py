@@ -300,7 +300,7 @@ def test_a_restart_learns_the_exit_of_a_run_whose_launch_it_did_not_save(tmp_pat
     )
     monkeypatch.setattr(m.book, "save", lambda record: None)  # the handle never reaches the file
     m.step()
-    assert launched and m.store.load_jobs()[0][2]["handle"] is None
+    assert launched and m.store.load_jobs()[0][3]["handle"] is None
     deadline = time.monotonic() + 20
     while m.executor.alive(launched[0]):  # not stepped: the manager never sees the exit
         assert time.monotonic() < deadline
