@@ -43,7 +43,13 @@ from preemptible.queue.service.access import (
     check_team_or_admin,
     queue_scope,
 )
-from preemptible.queue.service.http_edge import Caller, Manager, error_responses
+from preemptible.queue.service.http_edge import (
+    Anonymous,
+    Caller,
+    Manager,
+    charge_listing,
+    error_responses,
+)
 from preemptible.queue.service.logs import read_log_slice
 from preemptible.queue.service.metrics import CONTENT_TYPE, ApiMetrics
 from preemptible.queue.service.views import (
@@ -195,7 +201,7 @@ class Health(BaseModel):
 # --- routes --------------------------------------------------------------------------------------
 
 
-router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422))
+router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422, 429))
 _JOB = error_responses(404)
 _BODY = error_responses(400, 413)
 
@@ -247,6 +253,7 @@ def list_jobs(
     if len(found) > limit:
         found = found[:limit]
         _next_page(request, response, after=found[-1].id)
+    charge_listing(request, principal, len(found))
     return found
 
 
@@ -387,7 +394,20 @@ def events(
     if len(found) > limit:
         found = found[:limit]
         _next_page(request, response, since=found[-1].id)
+    charge_listing(request, principal, len(found))
     return found
+
+
+def _json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`error_responses` for a route whose answers are not JSON: its errors still are."""
+    ref = {"$ref": "#/components/schemas/ErrorAnswer"}
+    return {
+        status: {
+            "description": answer["description"],
+            "content": {"application/json": {"schema": ref}},
+        }
+        for status, answer in error_responses(*statuses).items()
+    }
 
 
 class _PrometheusText(Response):
@@ -400,8 +420,9 @@ plain_router = APIRouter()
 @plain_router.get(
     "/metrics",
     response_class=_PrometheusText,
-    responses={200: {"description": "Prometheus text format"}},
-    summary="Prometheus metrics (no token)",
+    responses={200: {"description": "Prometheus text format"}, **_json_errors(429)},
+    dependencies=[Anonymous],
+    summary="Prometheus metrics (no token; the callers without one share one rate limit)",
 )
 def prometheus(request: Request) -> Response:
     metrics: ApiMetrics = request.app.state.metrics

@@ -22,6 +22,7 @@ from preemptible.queue.service.http_edge import (
     QueueManagerProtocol,
     install_error_handlers,
 )
+from preemptible.queue.service.limits import RateLimiter
 from preemptible.queue.service.metrics import ApiMetrics, LatencyMiddleware
 
 MAX_BODY_BYTES = 64 * 1024
@@ -58,6 +59,8 @@ def create_app(
     app.state.authenticator = Authenticator(tokens, manager.job_for_token)
     app.state.metrics = metrics
     app.state.notice_limiter = None  # created in the event loop, on first use
+    limits = manager.config.service
+    app.state.rate_limiter = RateLimiter(limits.rate_per_s, limits.burst)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
     app.add_middleware(CatchAllMiddleware)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Literal, Protocol, runtime_checkable
 
-from fastapi import APIRouter, FastAPI, Query
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -31,6 +31,7 @@ from preemptible.queue.service.http_edge import (
     Caller,
     Manager,
     QueueManagerProtocol,
+    charge_listing,
     error_responses,
 )
 from preemptible.queue.service.views import JobState, JobView
@@ -67,7 +68,7 @@ class KeepsSignalHistory(Protocol):
     def signal_history(self, since: float) -> list[SignalSample]: ...
 
 
-router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422))
+router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422, 429))
 
 
 @router.get(
@@ -75,6 +76,7 @@ router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422))
     summary="The dashboard's overview: queues, signals, GPUs and the jobs the filters select",
 )
 def overview(
+    request: Request,
     principal: Caller,
     manager: Manager,
     queue: Annotated[str | None, Query(max_length=200)] = None,
@@ -90,6 +92,7 @@ def overview(
     holding = running + preempting
     matching = _jobs(manager, scope, state, tier)
     gpus = manager.config.cluster.gpus
+    charge_listing(request, principal, min(len(matching), limit))
     return DashboardView(
         at=time.time(),
         viewer=dashboard.viewer(principal),

@@ -9,6 +9,7 @@ them, so neither router imports the other.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Protocol
@@ -31,6 +32,7 @@ from preemptible.errors import (
 )
 from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.service.auth import AuthenticationError, Authenticator
+from preemptible.queue.service.limits import RateLimitedError, RateLimiter
 from preemptible.queue.service.views import (
     CostView,
     EventView,
@@ -120,6 +122,8 @@ _DESCRIPTIONS = {
     409: "The job's state does not allow this (it has finished, or is not running).",
     413: "The request body is larger than the server accepts.",
     422: "The request does not match the schema; the message names the field.",
+    429: "Too many requests from this token (or too many of its notice long-polls at once): "
+    "ask again after `Retry-After` seconds.",
 }
 _CODES = {
     400: "invalid_request",
@@ -130,6 +134,7 @@ _CODES = {
     409: "conflict",
     413: "payload_too_large",
     422: "invalid_request",
+    429: "rate_limited",
     500: "internal",
 }
 
@@ -203,6 +208,11 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(422, f"the body is not UTF-8 JSON ({exc.__cause__.reason})")
         return error_response(exc.status_code, str(exc.detail), headers=headers)
 
+    def on_rate_limited(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RateLimitedError)
+        return error_response(429, str(exc), headers={"Retry-After": exc.retry_after})
+
+    app.add_exception_handler(RateLimitedError, on_rate_limited)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
 
@@ -305,9 +315,44 @@ async def _manager(request: Request) -> QueueManagerProtocol:
 async def _caller(
     request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
 ) -> Principal:
+    """Who calls, once its bucket has room for one more request (else 429)."""
     authenticator: Authenticator = request.app.state.authenticator
-    return authenticator.authenticate(request.headers.get("authorization"))
+    principal = authenticator.authenticate(request.headers.get("authorization"))
+    _take(request, principal, principal.describe())
+    return principal
+
+
+ANONYMOUS = "anonymous"
+"""The one bucket that the calls without a token (`/metrics`) share."""
+
+
+async def _anonymous(request: Request) -> None:
+    """A call without a token, once the callers without one have room for it (else 429)."""
+    _take(request, ANONYMOUS, "the callers without a token")
+
+
+def _take(request: Request, key: Principal | str, who: str) -> None:
+    limiter: RateLimiter = request.app.state.rate_limiter
+    wait_s = limiter.take(key)
+    if wait_s > 0:
+        raise RateLimitedError(
+            f"too many requests from {who}: at most {limiter.rate_per_s:g} a second "
+            f"({limiter.burst} at once); ask again in {max(1, math.ceil(wait_s))} s",
+            wait_s,
+        )
+
+
+ITEMS_PER_REQUEST = 100
+"""A listing costs its caller one request more for every this many items it returned."""
+
+
+def charge_listing(request: Request, principal: Principal, items: int) -> None:
+    """Charge a listing for the items it returned (a page of 500 costs 6 requests in all), so
+    that a client listing in a loop uses its own share up sooner, not the server's."""
+    limiter: RateLimiter = request.app.state.rate_limiter
+    limiter.charge(principal, items / ITEMS_PER_REQUEST)
 
 
 Manager = Annotated[QueueManagerProtocol, Depends(_manager)]
 Caller = Annotated[Principal, Depends(_caller)]
+Anonymous = Depends(_anonymous)

@@ -762,6 +762,8 @@ def test_the_schema_documents_the_errors_of_every_route(app: FastAPI) -> None:
     for path, operations in schema["paths"].items():
         for method, operation in operations.items():
             codes = set(operation["responses"])
+            if path.startswith("/v1/") or path == "/metrics":
+                assert "429" in codes, (method, path)  # every caller has a rate limit
             if path.startswith("/v1/"):
                 assert {"401", "403"} <= codes, (method, path)
                 assert operation["security"] == [{"HTTPBearer": []}]

@@ -1,0 +1,156 @@
+"""What one caller may take of the server: rate limits, waits, connections, over real HTTP.
+
+Each test makes its own app with small limits (the defaults are far above what the other tests
+ask), serves it on a free loopback port, and speaks HTTP to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from preemptible.queue.core import ServiceSettings
+from preemptible.queue.service.app import create_app
+from preemptible.queue.service.auth import resolve_tokens
+from preemptible.queue.service.http_edge import ITEMS_PER_REQUEST
+from preemptible.queue.service.limits import RateLimiter, WaitSlots
+from preemptible.queue.service.views import SubmitRequest
+
+from .fake_manager import (
+    ADMIN_TOKEN,
+    ENVIRON,
+    TEAM_A_TOKEN,
+    TEAM_B_TOKEN,
+    FakeQueueManager,
+    live_server,
+    make_config,
+)
+
+TEAM_A = {"Authorization": f"Bearer {TEAM_A_TOKEN}"}
+TEAM_B = {"Authorization": f"Bearer {TEAM_B_TOKEN}"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def limited(**limits: object) -> tuple[FakeQueueManager, FastAPI]:
+    config = dataclasses.replace(make_config(), service=ServiceSettings(**limits))  # type: ignore[arg-type]
+    fake = FakeQueueManager(config)
+    return fake, create_app(fake, tokens=resolve_tokens(config, ENVIRON))
+
+
+@pytest.fixture
+def slow_server() -> Iterator[tuple[FakeQueueManager, httpx.Client]]:
+    """One request a second, three at once, for each caller."""
+    fake, app = limited(rate_per_s=1.0, burst=3)
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        yield fake, client
+
+
+# --- the bucket ----------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_bucket_gives_its_burst_then_its_rate_and_says_how_long_to_wait() -> None:
+    clock = Clock()
+    limiter = RateLimiter(2.0, 3, clock=clock)
+    assert [limiter.take("a") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limiter.take("a") == pytest.approx(0.5)  # one more in half a second
+    assert limiter.take("b") == 0.0  # another key has its own bucket
+    clock.now += 0.5
+    assert limiter.take("a") == 0.0 and limiter.take("a") == pytest.approx(0.5)
+    clock.now += 100
+    assert [limiter.take("a") for _ in range(4)][-1] > 0  # refilled to the burst, not beyond
+
+
+def test_work_done_is_charged_after_it_and_the_caller_waits_it_off() -> None:
+    clock = Clock()
+    limiter = RateLimiter(10.0, 5, clock=clock)
+    assert limiter.take("a") == 0.0
+    limiter.charge("a", 14.0)  # a large answer: 4 + 1 - 14 = -10 left
+    assert limiter.take("a") == pytest.approx(1.1)  # 11 short at 10 a second
+    clock.now += 1.1
+    assert limiter.take("a") == 0.0
+
+
+def test_idle_buckets_are_forgotten_when_there_are_too_many(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("preemptible.queue.service.limits.MAX_BUCKETS", 3)
+    clock = Clock()
+    limiter = RateLimiter(1.0, 2, clock=clock)
+    for key in "abc":
+        limiter.take(key)
+    clock.now += 2  # a, b and c are full again
+    limiter.take("d")
+    assert len(limiter._buckets) == 1
+
+
+def test_wait_slots_bound_each_key_alone() -> None:
+    slots = WaitSlots(2)
+    assert slots.acquire("a") and slots.acquire("a") and not slots.acquire("a")
+    assert slots.acquire("b")
+    slots.release("a")
+    assert slots.acquire("a") and slots.held("a") == 2
+
+
+# --- over HTTP -----------------------------------------------------------------------------------
+
+
+def test_a_caller_past_its_rate_is_429_with_retry_after_and_the_others_are_not(
+    slow_server: tuple[FakeQueueManager, httpx.Client],
+) -> None:
+    _, http = slow_server
+    answers = [http.get("/v1/queues", headers=TEAM_A) for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    refused = answers[-1]
+    assert refused.json()["error"]["code"] == "rate_limited"
+    assert "queue 'team-a'" in refused.json()["error"]["message"]
+    assert int(refused.headers["retry-after"]) == 1
+    assert http.get("/v1/queues", headers=TEAM_B).status_code == 200  # its own bucket
+    assert http.get("/v1/queues", headers=ADMIN).status_code == 200
+    time.sleep(1.05)
+    assert http.get("/v1/queues", headers=TEAM_A).status_code == 200
+
+
+def test_submissions_are_counted_with_the_rest(
+    slow_server: tuple[FakeQueueManager, httpx.Client],
+) -> None:
+    fake, http = slow_server
+    body = {"queue": "team-a", "command": ["true"]}
+    codes = [http.post("/v1/jobs", json=body, headers=TEAM_A).status_code for _ in range(5)]
+    assert codes == [201, 201, 201, 429, 429] and len(fake.submissions) == 3
+
+
+def test_a_page_of_a_listing_costs_one_request_per_hundred_items() -> None:
+    fake, app = limited(rate_per_s=0.01, burst=22)
+    for _ in range(1000):
+        fake.submit(SubmitRequest(queue="team-a", command=["x"]))
+    pages = 1000 // ITEMS_PER_REQUEST
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=10) as http:
+        for left in (22 - 1 - pages, 22 - 2 * (1 + pages)):  # 11, then 0
+            page = http.get("/v1/jobs", params={"limit": 1000}, headers=TEAM_A)
+            assert page.status_code == 200 and len(page.json()) == 1000, left
+        refused = http.get("/v1/jobs", params={"limit": 1}, headers=TEAM_A)
+        assert refused.status_code == 429, refused.text  # two requests, 22 used
+        assert int(refused.headers["retry-after"]) > 60  # 1 at 0.01 a second
+        assert http.get("/v1/jobs", params={"limit": 1}, headers=TEAM_B).status_code == 200
+
+
+def test_the_callers_without_a_token_share_one_bucket() -> None:
+    _, app = limited(rate_per_s=1.0, burst=2)
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=10) as http:
+        codes = [http.get("/metrics").status_code for _ in range(3)]
+        assert codes == [200, 200, 429]
+        assert http.get("/healthz").status_code == 200  # liveness is never refused
+        assert http.get("/v1/queues", headers=ADMIN).status_code == 200
