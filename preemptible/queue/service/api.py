@@ -9,8 +9,10 @@ manager; it keeps no state of its own.
 Every error, whatever raised it (the manager, validation, routing, a body too large, a bug),
 answers `{"error": {"code", "message"}}`, and every status a route can answer is documented in
 its OpenAPI `responses`, which a schemathesis test checks. Routes are plain `def`, so FastAPI
-runs them in its thread pool; the notice long-poll runs in a thread pool of its own, so that
-jobs waiting for notices never starve the other routes.
+runs them in its thread pool; the notice long-poll runs in a thread pool of its own, as large as
+the connections the server takes (each poll holds one), so that jobs waiting for notices never
+starve the other routes and a poll never waits for a thread; one job may have `notice_polls` of
+them waiting at once ([service]), and is answered 429 beyond.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from preemptible.queue.service.http_edge import (
     charge_listing,
     error_responses,
 )
+from preemptible.queue.service.limits import RateLimitedError, WaitSlots
 from preemptible.queue.service.logs import read_log_slice
 from preemptible.queue.service.metrics import CONTENT_TYPE, ApiMetrics
 from preemptible.queue.service.views import (
@@ -70,8 +73,6 @@ MAX_INT = 2**53 - 1
 JavaScript number), well within what SQLite and a file offset hold."""
 MAX_NOTICE_WAIT_S = 60.0
 """A notice long-poll waits at most this long, whatever `wait` asks."""
-NOTICE_POLLERS = 256
-"""Threads for notice long-polls (one per running job is enough)."""
 DEFAULT_PAGE = 500
 """Jobs or events in one answer of a listing unless `limit` says otherwise (about 240 KiB of
 jobs); `Link: <...>; rel="next"` says where the next page is."""
@@ -306,11 +307,21 @@ async def notice(
 ) -> NoticeAnswer:
     check_own_job(principal, job_id)
     state = request.app.state
-    if state.notice_limiter is None:
-        state.notice_limiter = anyio.CapacityLimiter(NOTICE_POLLERS)
-    found = await anyio.to_thread.run_sync(
-        manager.wait_notice, job_id, min(wait, MAX_NOTICE_WAIT_S), limiter=state.notice_limiter
-    )
+    slots: WaitSlots = state.notice_slots
+    if not slots.acquire(principal):
+        raise RateLimitedError(
+            f"{principal.describe()} has {slots.per_key} notice long-polls waiting already; "
+            "one is enough (each answers as soon as a notice is sent)",
+            retry_after_s=1.0,
+        )
+    try:
+        if state.notice_limiter is None:  # made in the event loop, on first use
+            state.notice_limiter = anyio.CapacityLimiter(state.notice_threads)
+        found = await anyio.to_thread.run_sync(
+            manager.wait_notice, job_id, min(wait, MAX_NOTICE_WAIT_S), limiter=state.notice_limiter
+        )
+    finally:
+        slots.release(principal)
     return NoticeAnswer(notice=found)
 
 

@@ -22,7 +22,7 @@ from preemptible.queue.service.http_edge import (
     QueueManagerProtocol,
     install_error_handlers,
 )
-from preemptible.queue.service.limits import RateLimiter
+from preemptible.queue.service.limits import RateLimiter, WaitSlots
 from preemptible.queue.service.metrics import ApiMetrics, LatencyMiddleware
 
 MAX_BODY_BYTES = 64 * 1024
@@ -61,6 +61,9 @@ def create_app(
     app.state.notice_limiter = None  # created in the event loop, on first use
     limits = manager.config.service
     app.state.rate_limiter = RateLimiter(limits.rate_per_s, limits.burst)
+    app.state.notice_slots = WaitSlots(limits.notice_polls)
+    # A thread for every poll the server can hold a connection for: none waits for a thread.
+    app.state.notice_threads = limits.max_connections
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
     app.add_middleware(CatchAllMiddleware)

@@ -104,6 +104,9 @@ class QueueManager:
         self.shell = Shell(config, policy or POLICIES["preemptible"])
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
+        self.notice_sent = threading.Condition(self.lock)
+        """Notified when a notice is sent and when the manager stops: what a notice long-poll
+        waits for, so that the hundreds of polls do not wake at every change."""
         self.book = JobBook(store)
         self.jobs = self.book.jobs
         self.secret = _secret(Path(state_dir) / "secret")
@@ -117,6 +120,7 @@ class QueueManager:
             job_token=self._job_token,
             renegotiate=self._negotiate,
             changed=self.changed,
+            notice_sent=self.notice_sent,
         )
         self.default_reason = "pending: waiting for the next cycle"
         self.cycle_seconds: deque[float] = deque(maxlen=1000)
@@ -145,6 +149,7 @@ class QueueManager:
         with self.changed:
             self._stopping = True
             self.changed.notify_all()
+            self.notice_sent.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
 
@@ -457,7 +462,7 @@ class QueueManager:
     def wait_notice(self, job_id: str, wait_s: float) -> NoticeView | None:
         """The job's notice, waiting up to `wait_s` for one (a long poll)."""
         deadline = time.monotonic() + max(0.0, wait_s)
-        with self.changed:
+        with self.notice_sent:
             while True:
                 notice = self.book.get(job_id).notice
                 if notice is not None:
@@ -467,7 +472,7 @@ class QueueManager:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._stopping:
                     return None
-                self.changed.wait(timeout=left)
+                self.notice_sent.wait(timeout=left)
 
     # --- cancel -------------------------------------------------------------------------------
 

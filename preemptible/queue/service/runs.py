@@ -56,6 +56,7 @@ class JobRuns:
         job_token: Callable[[str], str],
         renegotiate: Renegotiate,
         changed: threading.Condition,
+        notice_sent: threading.Condition,
     ):
         self.config = config
         self.book = book
@@ -66,6 +67,7 @@ class JobRuns:
         self.job_token = job_token
         self.renegotiate = renegotiate
         self.changed = changed
+        self.notice_sent = notice_sent
         self.free_gpus = set(range(config.cluster.gpus))
         self.admissions: Counter[str] = Counter()
         self.preemption_counts: Counter[tuple[str, str]] = Counter()
@@ -172,6 +174,7 @@ class JobRuns:
             record.notice.signalled_at = now
             self.book.save(record)
         self.changed.notify_all()
+        self.notice_sent.notify_all()
 
     def leaving_after_ack(self) -> bool:
         """Whether a job that acked its notice is on its way out (its GPUs go on when gone)."""

@@ -3,13 +3,15 @@
 `FakeQueueManager` has the methods `http_edge.QueueManagerProtocol` names and raises the same errors
 as `manager.QueueManager`; it schedules nothing. Tests move jobs along by hand (`start`,
 `notify`, `finish`) and read what the API passed on (`cost_reports`, `checkpoints`,
-`notice_waits`). `LiveServer` runs an app under uvicorn on a free loopback port in a thread,
-so the tests speak real HTTP.
+`notice_waits`). `InertExecutor` stands in for the real manager's executor: it launches
+nothing, and a run lasts until it is told to go. `live_server` runs an app under uvicorn on a
+free loopback port in a thread, so the tests speak real HTTP.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import secrets
 import socket
@@ -26,6 +28,7 @@ from fastapi import FastAPI
 
 from preemptible.errors import JobNotFoundError, JobStateError, RequestError
 from preemptible.queue.core import QueueConfig, parse_config_text
+from preemptible.queue.service.executor import Exit, ExitKind, LaunchSpec, ProcessHandle
 from preemptible.queue.service.history import SignalSample
 from preemptible.queue.service.metrics import DurationHistogram
 from preemptible.queue.service.views import (
@@ -433,6 +436,34 @@ def _signals(**values: Any) -> SignalsView:
         "jobs": 4,
     }
     return SignalsView(**(base | values))
+
+
+class InertExecutor:
+    """Launches nothing; a run lasts until it is terminated or killed."""
+
+    def __init__(self) -> None:
+        self._pids = itertools.count(10_000_000)
+        self._gone: set[int] = set()
+        self._lock = threading.Lock()
+
+    def launch(self, spec: LaunchSpec) -> ProcessHandle:
+        return ProcessHandle(pid=next(self._pids), start_ticks=0, status_path=str(spec.status_path))
+
+    def poll(self, handle: ProcessHandle) -> Exit | None:
+        with self._lock:
+            if handle.pid not in self._gone:
+                return None
+        return Exit(exit_code=143, signal=None, ended_at=None, how=ExitKind.EXITED)
+
+    def terminate(self, handle: ProcessHandle) -> None:
+        with self._lock:
+            self._gone.add(handle.pid)
+
+    kill = terminate
+
+    def alive(self, handle: ProcessHandle) -> bool:
+        with self._lock:
+            return handle.pid not in self._gone
 
 
 class _ThreadServer(uvicorn.Server):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -154,3 +155,68 @@ def test_the_callers_without_a_token_share_one_bucket() -> None:
         assert codes == [200, 200, 429]
         assert http.get("/healthz").status_code == 200  # liveness is never refused
         assert http.get("/v1/queues", headers=ADMIN).status_code == 200
+
+
+# --- notice long-polls ---------------------------------------------------------------------------
+
+
+def job_headers(fake: FakeQueueManager, job_id: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {fake.job_token(job_id)}"}
+
+
+def running_jobs(fake: FakeQueueManager, n: int) -> list[str]:
+    jobs = [fake.submit(SubmitRequest(queue="team-a", command=["x"])).id for _ in range(n)]
+    for job_id in jobs:
+        fake.start(job_id)
+    return jobs
+
+
+def test_a_notice_reaches_its_poll_at_once_among_three_hundred_waiting() -> None:
+    fake, app = limited()
+    jobs = running_jobs(fake, 301)
+    waiting, last = jobs[:-1], jobs[-1]
+    limits = httpx.Limits(max_connections=len(jobs) + 8)
+    with (
+        live_server(app) as url,
+        httpx.Client(base_url=url, timeout=90, limits=limits) as http,
+        ThreadPoolExecutor(len(waiting)) as pool,
+    ):
+        polls = [
+            pool.submit(http.get, f"/v1/jobs/{j}/notice?wait=40", headers=job_headers(fake, j))
+            for j in waiting
+        ]
+        fake.wait_for_pollers(len(waiting), timeout_s=20)  # all waiting on the manager at once
+        fake.notify(last, reason="preempted by j0 (tier high)")
+        started = time.monotonic()
+        answer = http.get(f"/v1/jobs/{last}/notice?wait=40", headers=job_headers(fake, last))
+        took = time.monotonic() - started
+        assert answer.json()["notice"]["reason"] == "preempted by j0 (tier high)"
+        assert took < 10, f"the notice took {took:.1f} s to reach its poll"
+        for j in waiting:
+            fake.notify(j)
+        assert all(p.result(timeout=60).json()["notice"] for p in polls)
+
+
+def test_one_job_may_have_only_so_many_polls_waiting() -> None:
+    fake, app = limited(notice_polls=2)
+    job, other = running_jobs(fake, 2)
+    with (
+        live_server(app) as url,
+        httpx.Client(base_url=url, timeout=30) as http,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        polls = [
+            pool.submit(http.get, f"/v1/jobs/{job}/notice?wait=20", headers=job_headers(fake, job))
+            for _ in range(2)
+        ]
+        fake.wait_for_pollers(2)
+        refused = http.get(f"/v1/jobs/{job}/notice?wait=20", headers=job_headers(fake, job))
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert "2 notice long-polls" in refused.json()["error"]["message"]
+        # another job has its own
+        assert http.get(f"/v1/jobs/{other}/notice", headers=job_headers(fake, other)).json() == {
+            "notice": None
+        }
+        fake.notify(job)
+        assert all(p.result(timeout=20).json()["notice"] for p in polls)
+        assert http.get(f"/v1/jobs/{job}/notice", headers=job_headers(fake, job)).status_code == 200
