@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -23,10 +24,20 @@ def free_port() -> int:
 
 
 class Server:
-    """One `preemptible queue serve` process on `tmp/state`, its output in `tmp/server.log`."""
+    """One `preemptible queue serve` process on `tmp/state`, its output in `tmp/server.log`;
+    `fd_limit` sets its file descriptor limit (soft and hard, so it cannot raise it)."""
 
-    def __init__(self, tmp: Path, config: str, tokens: dict[str, str], port: int | None = None):
+    def __init__(
+        self,
+        tmp: Path,
+        config: str,
+        tokens: dict[str, str],
+        port: int | None = None,
+        *,
+        fd_limit: int | None = None,
+    ):
         self.tmp, self.config, self.tokens = tmp, config, tokens
+        self.fd_limit = fd_limit
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -36,11 +47,18 @@ class Server:
         config.write_text(self.config)
         args = ["--config", str(config), "--state", str(self.tmp / "state")]
         log = open(self.tmp / "server.log", "ab")  # noqa: SIM115 - closed with the process
+        fds = self.fd_limit
+
+        def limit_fds() -> None:
+            if fds is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (fds, fds))
+
         self.proc = subprocess.Popen(
             [*CLI, "queue", "serve", *args, "--port", str(self.port)],
             env={**os.environ, **self.tokens},
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=limit_fds if fds is not None else None,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

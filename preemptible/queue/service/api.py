@@ -202,7 +202,7 @@ class Health(BaseModel):
 # --- routes --------------------------------------------------------------------------------------
 
 
-router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422, 429))
+router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422, 429, 503))
 _JOB = error_responses(404)
 _BODY = error_responses(400, 413)
 
@@ -425,13 +425,13 @@ class _PrometheusText(Response):
     media_type = CONTENT_TYPE
 
 
-plain_router = APIRouter()
+plain_router = APIRouter(responses=error_responses(503))
 
 
 @plain_router.get(
     "/metrics",
     response_class=_PrometheusText,
-    responses={200: {"description": "Prometheus text format"}, **_json_errors(429)},
+    responses={200: {"description": "Prometheus text format"}, **_json_errors(429, 503)},
     dependencies=[Anonymous],
     summary="Prometheus metrics (no token; the callers without one share one rate limit)",
 )

@@ -68,7 +68,7 @@ class KeepsSignalHistory(Protocol):
     def signal_history(self, since: float) -> list[SignalSample]: ...
 
 
-router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422, 429))
+router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422, 429, 503))
 
 
 @router.get(

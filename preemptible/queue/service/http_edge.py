@@ -124,6 +124,8 @@ _DESCRIPTIONS = {
     422: "The request does not match the schema; the message names the field.",
     429: "Too many requests from this token (or too many of its notice long-polls at once): "
     "ask again after `Retry-After` seconds.",
+    503: "The server has as many connections open as it takes: ask again after `Retry-After` "
+    "seconds, on a new connection.",
 }
 _CODES = {
     400: "invalid_request",
@@ -135,6 +137,7 @@ _CODES = {
     413: "payload_too_large",
     422: "invalid_request",
     429: "rate_limited",
+    503: "unavailable",
     500: "internal",
 }
 

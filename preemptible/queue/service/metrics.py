@@ -198,12 +198,49 @@ def _signal_metrics(stats: StatsView) -> Iterator[Metric]:
     yield window
 
 
+class ConnectionCounts(Protocol):
+    """What `/metrics` reads of the server's connection limits (`connections.ConnectionLimits`)."""
+
+    max_connections: int
+    open: int
+    refused: int
+
+
+class ConnectionCollector:
+    """The server's connections: open, at most, refused since start (when it has limits)."""
+
+    def __init__(self) -> None:
+        self.counts: ConnectionCounts | None = None
+        """Set by the server that applies the limits (`server.uvicorn_config`)."""
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.counts
+        if counts is None:
+            return
+        opened = GaugeMetricFamily("preemptible_api_connections", "HTTP connections open now")
+        opened.add_metric([], float(counts.open))
+        yield opened
+        most = GaugeMetricFamily(
+            "preemptible_api_connections_max", "HTTP connections the server takes at most"
+        )
+        most.add_metric([], float(counts.max_connections))
+        yield most
+        refused = CounterMetricFamily(
+            "preemptible_api_connections_refused",
+            "Connections answered 503 or reset because the server had its most open",
+        )
+        refused.add_metric([], float(counts.refused))
+        yield refused
+
+
 class ApiMetrics:
-    """One app's registry: the manager's collector and the API latency histogram."""
+    """One app's registry: the manager's collector, the connections and the API latency."""
 
     def __init__(self, source: MetricsSource) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(ManagerCollector(source))
+        self.connections = ConnectionCollector()
+        self.registry.register(self.connections)
         self.latency = Histogram(
             "preemptible_api_request_duration_seconds",
             "Time to answer an API request, by method, route template and status",

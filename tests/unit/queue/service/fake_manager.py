@@ -28,9 +28,11 @@ from fastapi import FastAPI
 
 from preemptible.errors import JobNotFoundError, JobStateError, RequestError
 from preemptible.queue.core import QueueConfig, parse_config_text
+from preemptible.queue.service.connections import ConnectionLimits
 from preemptible.queue.service.executor import Exit, ExitKind, LaunchSpec, ProcessHandle
 from preemptible.queue.service.history import SignalSample
 from preemptible.queue.service.metrics import DurationHistogram
+from preemptible.queue.service.server import uvicorn_config
 from preemptible.queue.service.views import (
     CostView,
     EventView,
@@ -479,15 +481,19 @@ class _ThreadServer(uvicorn.Server):
 
 
 @contextmanager
-def live_server(app: FastAPI) -> Iterator[str]:
-    """Serve `app` on 127.0.0.1 and a free port; yields the base URL."""
+def live_server(app: FastAPI, limits: ConnectionLimits | None = None) -> Iterator[str]:
+    """Serve `app` on 127.0.0.1 and a free port; yields the base URL. With `limits`, as `queue
+    serve` does (`server.uvicorn_config`): connections counted, refused and closed when idle."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = _ThreadServer(
-        uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
-    )
+    options: dict[str, Any] = {"lifespan": "off", "timeout_graceful_shutdown": 1}
+    if limits is None:
+        config = uvicorn.Config(app, log_level="warning", **options)
+    else:
+        config = uvicorn_config(app, limits, host="127.0.0.1", port=port, **options)
+    server = _ThreadServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     if not server.ready.wait(timeout=20):

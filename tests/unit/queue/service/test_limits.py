@@ -7,8 +7,10 @@ ask), serves it on a free loopback port, and speaks HTTP to it.
 from __future__ import annotations
 
 import dataclasses
+import resource
+import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -18,6 +20,11 @@ from fastapi import FastAPI
 from preemptible.queue.core import ServiceSettings
 from preemptible.queue.service.app import create_app
 from preemptible.queue.service.auth import resolve_tokens
+from preemptible.queue.service.connections import (
+    RESERVED_FDS,
+    ConnectionLimits,
+    connection_limits,
+)
 from preemptible.queue.service.http_edge import ITEMS_PER_REQUEST
 from preemptible.queue.service.limits import RateLimiter, WaitSlots
 from preemptible.queue.service.views import SubmitRequest
@@ -220,3 +227,120 @@ def test_one_job_may_have_only_so_many_polls_waiting() -> None:
         fake.notify(job)
         assert all(p.result(timeout=20).json()["notice"] for p in polls)
         assert http.get(f"/v1/jobs/{job}/notice", headers=job_headers(fake, job)).status_code == 200
+
+
+# --- connections ---------------------------------------------------------------------------------
+
+
+def until(check: Callable[[], object], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.02)
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    sock.settimeout(0.05)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:  # reset
+        return True
+
+
+def idle_connections(url: str, n: int) -> list[socket.socket]:
+    host, port = url.removeprefix("http://").split(":")
+    return [socket.create_connection((host, int(port)), timeout=5) for _ in range(n)]
+
+
+GUARDED_APPS: dict[str, FastAPI] = {}
+
+
+@pytest.fixture
+def guarded() -> Iterator[tuple[str, ConnectionLimits]]:
+    """A server that takes 4 connections and closes one idle for half a second."""
+    _, app = limited(max_connections=4, keep_alive_s=0.5)
+    limits = connection_limits(app.state.manager.config.service)
+    with live_server(app, limits) as url:
+        GUARDED_APPS[url] = app
+        yield url, limits
+        del GUARDED_APPS[url]
+
+
+def test_past_its_connections_the_server_answers_503_and_closes(
+    guarded: tuple[str, ConnectionLimits],
+) -> None:
+    url, limits = guarded
+    held = idle_connections(url, 4)
+    until(lambda: limits.open == 4)
+    refused = httpx.get(f"{url}/v1/queues", headers=ADMIN, timeout=5)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "unavailable"
+    assert "4 connections" in refused.json()["error"]["message"]
+    assert refused.headers["connection"] == "close" and limits.refused >= 1
+    for sock in held:
+        sock.close()
+    until(lambda: limits.open == 0)
+    assert httpx.get(f"{url}/v1/queues", headers=ADMIN, timeout=5).status_code == 200
+
+
+def test_idle_connections_are_closed_new_and_between_requests(
+    guarded: tuple[str, ConnectionLimits],
+) -> None:
+    url, limits = guarded
+    held = idle_connections(url, 4)  # a flood that never sends a byte
+    until(lambda: all(closed_by_server(sock) for sock in held), timeout_s=5)
+    with httpx.Client(base_url=url, headers=ADMIN, timeout=5) as http:
+        assert http.get("/v1/queues").status_code == 200  # the server answers again
+        until(lambda: limits.open == 0, timeout_s=5)  # and closes a keep-alive one left idle
+    for sock in held:
+        sock.close()
+
+
+def test_a_request_sent_a_byte_at_a_time_is_cut_off(
+    guarded: tuple[str, ConnectionLimits],
+) -> None:
+    url, _ = guarded
+    (sock,) = idle_connections(url, 1)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    started = time.monotonic()
+    while not closed_by_server(sock):  # one header byte every 0.1 s, never the blank line
+        assert time.monotonic() - started < 5, "still open after 5 s"
+        sock.sendall(b"X")
+        time.sleep(0.1)
+    sock.close()
+
+
+def test_a_long_poll_is_not_idle(guarded: tuple[str, ConnectionLimits]) -> None:
+    url, _ = guarded
+    fake: FakeQueueManager = GUARDED_APPS[url].state.manager
+    (job,) = running_jobs(fake, 1)
+    with httpx.Client(base_url=url, timeout=10) as http:
+        started = time.monotonic()
+        poll = http.get(f"/v1/jobs/{job}/notice?wait=1.5", headers=job_headers(fake, job))
+        assert poll.json() == {"notice": None} and time.monotonic() - started >= 1.5
+
+
+def test_the_connections_fit_under_the_file_descriptor_limit() -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limits = connection_limits(ServiceSettings(max_connections=10**6))
+    assert limits.fd_limit >= soft  # raised towards the hard limit where it may be
+    assert limits.refuse_beyond + limits.backlog + RESERVED_FDS <= limits.fd_limit
+    assert connection_limits(ServiceSettings(max_connections=8)).max_connections == 8
+
+
+def test_metrics_count_the_connections_open_and_refused(
+    guarded: tuple[str, ConnectionLimits],
+) -> None:
+    url, limits = guarded
+    held = idle_connections(url, 4)
+    until(lambda: limits.open == 4)
+    assert httpx.get(f"{url}/metrics", timeout=5).status_code == 503
+    for sock in held:
+        sock.close()
+    until(lambda: limits.open == 0)
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    assert "preemptible_api_connections_max 4.0" in text
+    assert "preemptible_api_connections 1.0" in text  # this one
+    assert "preemptible_api_connections_refused_total 1.0" in text
