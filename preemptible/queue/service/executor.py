@@ -12,7 +12,9 @@ Rejected: a systemd transient unit or a cgroup per job (needs privileges or a us
 manager we cannot assume on a shared machine); pidfds (they do not survive our own restart).
 
 Nothing here blocks: ``poll`` reads at most a few small files and is meant to be called every
-second for every running job. Linux only (``/proc``).
+second for every running job. Linux only (``/proc``). A read that fails for another reason than
+"no such process" or "no such file" (no file descriptor left, say) raises ``OSError`` rather than
+pass for an exit: a job is never taken for ended because the manager could not look.
 """
 
 from __future__ import annotations
@@ -198,7 +200,10 @@ class ProcessExecutor:
         except OSError as error:
             raise QueueError(f"cannot start {what}: {error}") from error
         # Our unreaped child cannot vanish from /proc, so this read cannot race with its exit.
-        stat = _read_proc_stat(process.pid)
+        try:
+            stat = _read_proc_stat(process.pid)
+        except OSError:
+            stat = None  # its identity cannot be read: it cannot be found again, so it goes
         if stat is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
@@ -214,6 +219,10 @@ class ProcessExecutor:
         Once the runner has ended, the job is over: processes it left behind in its group
         (a daemonized helper, a stuck DataLoader worker) are sent SIGKILL, so that GPUs the
         manager hands on are really free, and the exit is reported when they are gone.
+
+        Raises:
+            OSError: ``/proc`` or the status file could not be read for another reason than
+                their absence (ask again later: nothing is concluded from it).
         """
         state = self._runner_state(handle)
         if state is _RunnerState.RUNNING:
@@ -293,10 +302,29 @@ def recorded_exit(status_path: Path) -> Exit | None:
     return _read_status(status_path)
 
 
+_ABSENT = (
+    FileNotFoundError,
+    ProcessLookupError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+)
+"""What a read of `/proc` or of a status file may meet that means "not there (for us)"; any other
+`OSError` (no descriptor left, no memory, an I/O error) says nothing of the process."""
+
+
 def _read_status(path: Path) -> Exit | None:
-    """The exit the runner recorded, or None if it wrote none (the rename makes it all or none)."""
+    """The exit the runner recorded, or None if it wrote none (the rename makes it all or none).
+
+    Raises:
+        OSError: the file may exist but could not be read (no descriptor left...).
+    """
     try:
-        record = json.loads(path.read_bytes())
+        data = path.read_bytes()
+    except _ABSENT:
+        return None
+    try:
+        record = json.loads(data)
         return Exit(
             exit_code=_exact(record["exit_code"], int),
             signal=_optional(record.get("signal"), int),
@@ -304,8 +332,8 @@ def _read_status(path: Path) -> Exit | None:
             how=ExitKind.EXITED,
             error=_optional(record.get("error"), str),
         )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # no file, or not one of ours
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # not one of ours
 
 
 def _prepare_status_path(path: Path) -> None:
@@ -316,10 +344,16 @@ def _prepare_status_path(path: Path) -> None:
 
 
 def _read_proc_stat(pid: int) -> _ProcStat | None:
+    """The process's stat, or None when there is no such process.
+
+    Raises:
+        OSError: it could not be read for another reason (no file descriptor left...): the
+            caller must not conclude that the process is gone.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat_file:
             text = stat_file.read()
-    except OSError:
+    except _ABSENT:
         return None
     # Field 2 is the command name in parentheses and may itself hold spaces and ")".
     fields = text[text.rindex(b")") + 2 :].split()

@@ -4,6 +4,12 @@ One lock guards the jobs, the shell's state and the store; one thread (`_loop`) 
 and runs the core's cycles, and the HTTP threads call the public methods. Every change is in
 the state file before it is acknowledged.
 
+The loop needs nothing the HTTP side hands out: no thread of its pools, no connection; its file
+descriptors (the state file, open from the start; a job's log at launch; `/proc` at each poll)
+are kept free by the server's connection limit (`connections.py`). A step that fails anyway
+(a full disk, a `/proc` read refused) is retried at the next one; the failure is logged once per
+outage (`log_limits.Outage`), not every 0.2 s, and counted in `/metrics`.
+
 This module takes what teams and jobs say (submissions, cancels, cost reports, checkpoints)
 and answers what they ask. The records and their state file are `book.py`; the jobs'
 processes, from launch to reaping, are `runs.py`, which applies the core's decisions through
@@ -45,7 +51,8 @@ from preemptible.queue.service.executor import (
     ProcessExecutor,
 )
 from preemptible.queue.service.history import SignalHistory, SignalSample
-from preemptible.queue.service.metrics import DurationHistogram
+from preemptible.queue.service.log_limits import Outage
+from preemptible.queue.service.metrics import STEP_GAP_BUCKETS_S, DurationHistogram
 from preemptible.queue.service.records import JobRecord
 from preemptible.queue.service.recovery import recover
 from preemptible.queue.service.runs import JobRuns
@@ -127,6 +134,15 @@ class QueueManager:
         self.cycle_histogram = DurationHistogram()
         self.cycles_run = 0
         """Cycles of the core so far (each `Shell.cycles` call counts once)."""
+        self.steps_run = 0
+        """Steps of the loop so far, failed ones included."""
+        self.step_failures = 0
+        """Steps of the loop that raised (each retried at the next)."""
+        self.step_gaps = DurationHistogram(STEP_GAP_BUCKETS_S)
+        """Seconds from each step of the loop to the next: a gap longer than a second and a
+        poll means a cycle was late."""
+        self._last_step_at: float | None = None
+        self._outage = Outage(log, "a step of the queue loop")
         self.wake_at: float | None = None
         """When the last cycle asked to run again although nothing changes before then."""
         self._next_cycle = 0.0
@@ -158,14 +174,27 @@ class QueueManager:
             with self.changed:
                 if self._stopping:
                     return
-                try:
-                    self.step()
-                    # Here, not in `step`: a replay on a virtual clock samples nothing.
-                    self.history.maybe_sample(self.clock(), self.stats)
-                except Exception:  # a bug must not stop the queue: log it, go on
-                    log.exception("queue loop step failed")
+                self._loop_step()
                 self.changed.wait(timeout=self._poll_interval())
             time.sleep(GATHER_S)  # what woke the loop at once (a burst of submissions): one step
+
+    def _loop_step(self) -> None:
+        """One step of the loop thread: counted, timed from the last, and a failure logged once
+        per outage (a bug or a refused resource must not stop the queue)."""
+        started = time.monotonic()
+        if self._last_step_at is not None:
+            self.step_gaps.observe(started - self._last_step_at)
+        self._last_step_at = started
+        self.steps_run += 1
+        try:
+            self.step()
+            # Here, not in `step`: a replay on a virtual clock samples nothing.
+            self.history.maybe_sample(self.clock(), self.stats)
+        except Exception:
+            self.step_failures += 1
+            self._outage.failed()
+        else:
+            self._outage.succeeded()
 
     def _poll_interval(self) -> float:
         """Seconds until the runs are polled again: soon while a job that acked its notice is
@@ -552,6 +581,10 @@ class QueueManager:
                 "preemptions": dict(self.runs.preemption_counts),
                 "cycle_seconds": list(self.cycle_seconds),
                 "cycle_histogram": self.cycle_histogram.snapshot(),
+                "cycles": self.cycles_run,
+                "loop_steps": self.steps_run,
+                "loop_step_failures": self.step_failures,
+                "loop_step_gaps": self.step_gaps.snapshot(),
                 "signals": self.stats(),
             }
 

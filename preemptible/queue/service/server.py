@@ -29,6 +29,7 @@ from preemptible.queue.service.connections import (
     keep_alive_seconds,
 )
 from preemptible.queue.service.executor import ProcessExecutor
+from preemptible.queue.service.log_limits import quiet_repeats
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.store import Store
 
@@ -88,6 +89,7 @@ def run_server(config_path: Path, state_dir: Path, host: str, port: int) -> None
     config = load_config(config_path)
     check_port(host, port)
     logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"))
+    quiet_repeats()  # a storm of one error (a flood's refused accepts...) is logged as a count
     limits = connection_limits(config.service)  # before the state file takes a descriptor
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     manager = build_manager(config, Path(state_dir), url=url)

@@ -7,6 +7,7 @@ must survive a SIGKILL that must not reach it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -363,6 +364,45 @@ def test_an_adopted_job_killed_as_a_group_is_reported_killed(jobs: Jobs) -> None
 
     ended = jobs.wait_exit(handle, restarted)
     assert ended == Exit(exit_code=None, signal=None, ended_at=None, how=ExitKind.KILLED)
+
+
+POLL_WITHOUT_FDS = """
+import json, os, resource, sys
+from preemptible.queue.service.executor import ProcessExecutor, ProcessHandle
+handle, executor = ProcessHandle.from_json(sys.argv[1]), ProcessExecutor()
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+held = []
+try:
+    while True:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass  # every descriptor is taken, as a flood of connections would take them
+answers = {}
+for name in ("alive", "poll"):
+    try:
+        answers[name] = repr(getattr(executor, name)(handle))
+    except OSError as error:
+        answers[name] = f"raised {error.errno}"
+print(json.dumps(answers))
+"""
+
+
+def test_a_job_is_not_taken_for_ended_when_proc_cannot_be_read(jobs: Jobs) -> None:
+    handle = launch_from_a_manager_that_then_dies(jobs.workdir, WAIT_FOR_GO_THEN_EXIT_7)
+    jobs.started.append(handle)
+    wait_for_file(jobs.workdir / "ready")
+    polled = subprocess.run(
+        [PY, "-c", POLL_WITHOUT_FDS, handle.to_json()],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=WAIT_SECS,
+    )
+    # Neither "gone" (a restarted manager would run it twice) nor an exit: ask again later.
+    raised = f"raised {errno.EMFILE}"
+    assert json.loads(polled.stdout) == {"alive": raised, "poll": raised}
+    assert ProcessExecutor().alive(handle)  # it runs
 
 
 def test_a_runner_left_a_zombie_by_a_parent_that_never_reaps_counts_as_ended(jobs: Jobs) -> None:

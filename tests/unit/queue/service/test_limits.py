@@ -7,6 +7,7 @@ ask), serves it on a free loopback port, and speaks HTTP to it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import resource
 import socket
 import time
@@ -27,6 +28,7 @@ from preemptible.queue.service.connections import (
 )
 from preemptible.queue.service.http_edge import ITEMS_PER_REQUEST
 from preemptible.queue.service.limits import RateLimiter, WaitSlots
+from preemptible.queue.service.log_limits import RepeatFilter, quiet_repeats
 from preemptible.queue.service.views import SubmitRequest
 
 from .fake_manager import (
@@ -344,3 +346,60 @@ def test_metrics_count_the_connections_open_and_refused(
     assert "preemptible_api_connections_max 4.0" in text
     assert "preemptible_api_connections 1.0" in text  # this one
     assert "preemptible_api_connections_refused_total 1.0" in text
+
+
+# --- the log under a storm -----------------------------------------------------------------------
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_the_same_error_is_logged_a_few_times_an_interval_then_counted() -> None:
+    clock = Clock()
+    logger = logging.getLogger("test.storm")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    lines = Lines()
+    logger.addHandler(lines)
+    lines.addFilter(RepeatFilter(burst=3, interval_s=60, clock=clock))
+    try:
+        for i in range(1000):
+            logger.error("accept failed: %s", i)  # one template, a thousand times
+            logger.info("an ordinary line %s", i)  # below WARNING: never held back
+        logger.warning("another warning")
+        assert [x for x in lines.lines if x.startswith("accept")] == [
+            "accept failed: 0",
+            "accept failed: 1",
+            "accept failed: 2",
+        ]
+        assert sum(x.startswith("an ordinary") for x in lines.lines) == 1000
+        assert "another warning" in lines.lines
+        clock.now += 60
+        logger.error("accept failed: %s", "again")
+        assert lines.lines[-1] == (
+            "accept failed: again [997 more like it suppressed in the last 60 s]"
+        )
+    finally:
+        logger.removeHandler(lines)
+
+
+def test_quiet_repeats_filters_every_handler_of_the_logger() -> None:
+    logger = logging.getLogger("test.storm.handlers")
+    first, second = Lines(), Lines()
+    logger.addHandler(first)
+    logger.addHandler(second)
+    logger.propagate = False
+    try:
+        quiet_repeats(logger)
+        for _ in range(100):
+            logger.error("the same")
+        assert len(first.lines) == len(second.lines) == 5
+    finally:
+        logger.removeHandler(first)
+        logger.removeHandler(second)

@@ -7,7 +7,10 @@ a known moment; the processes run for real.
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
+import re
 import signal
 import sqlite3
 import sys
@@ -23,6 +26,7 @@ from preemptible.queue.service.app import create_app
 from preemptible.queue.service.auth import Tokens
 from preemptible.queue.service.executor import ProcessExecutor
 from preemptible.queue.service.manager import QueueManager
+from preemptible.queue.service.metrics import ApiMetrics
 from preemptible.queue.service.server import build_manager
 from preemptible.queue.service.store import FILE_NAME, Store
 from preemptible.queue.service.views import CostView, JobState, SubmitRequest, TokenOwner
@@ -420,3 +424,56 @@ def test_the_audit_log_says_who_submitted_reported_saved_and_cancelled(tmp_path)
         "cancelled": as_admin,  # and the cancel, once the job has exited
     }
     assert who(waiting) == {"submitted": as_admin, "cancelled": as_team_a}
+
+
+class RefusingExecutor(ProcessExecutor):
+    """The real executor, whose `poll` fails as it would with no descriptor left while
+    `refusing` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusing = False
+        self.refused = 0
+
+    def poll(self, handle):
+        if self.refusing:
+            self.refused += 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return super().poll(handle)
+
+
+def test_a_failing_step_is_logged_once_per_outage_and_counted(tmp_path, caplog):
+    executor = RefusingExecutor()
+    m = QueueManager(
+        parse_config(CONFIG),
+        Store(tmp_path / "state"),
+        executor,
+        state_dir=tmp_path / "state",
+        poll_s=0.01,
+    )
+    _MANAGERS.append(m)
+    job = submit(m, "a", "import time; time.sleep(60)")
+    until(m, lambda: state_of(m, job.id) is JobState.RUNNING)
+    caplog.set_level(logging.INFO, logger="preemptible.queue")
+    executor.refusing = True
+    m.start()
+    try:
+        deadline = time.monotonic() + 20
+        while executor.refused < 30:  # 30 failed steps: 0.3 s at a step every 0.01 s
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        executor.refusing = False
+        steps = m.steps_run
+        while m.steps_run < steps + 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        m.stop()
+    said = [r for r in caplog.records if r.name == "preemptible.queue"]
+    assert [r.exc_info is not None for r in said] == [True, False], [r.getMessage() for r in said]
+    assert "Too many open files" in caplog.text
+    assert re.search(r"works again after (\d+) failures", said[1].getMessage())
+    assert m.step_failures >= 30 and state_of(m, job.id) is JobState.RUNNING
+    text = ApiMetrics(m).render().decode()
+    assert f"preemptible_queue_loop_step_failures_total {m.step_failures}.0" in text
+    assert "preemptible_queue_loop_steps_total" in text and "loop_step_gap_seconds_bucket" in text
