@@ -9,8 +9,10 @@ and the request handlers open (`RESERVED_FDS`), a burst of connections the kerne
 once (the backlog) and the ones being refused all fit under it. The uvicorn protocol of
 `guarded_protocol` then enforces it:
 
-- past `max_connections` open, a new connection is answered 503 in the error shape, with
-  `Retry-After` and `Connection: close`; past `refuse_beyond`, it is reset without an answer;
+- at `max_connections` open, a new connection makes room by closing the one idle the longest
+  (no request in: a flood of connections that never send one cannot keep a client out); when
+  every connection has a request in, it is answered 503 in the error shape, with `Retry-After`
+  and `Connection: close`, and past `refuse_beyond` it is reset without an answer;
 - a connection that has not sent a whole request within `idle_s` (a new one, a keep-alive one
   between requests, or one that sends its headers a byte at a time) is closed.
 
@@ -27,6 +29,7 @@ import logging
 import math
 import resource
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +126,9 @@ def _busy_body(limits: ConnectionLimits) -> bytes:
 def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     """uvicorn's HTTP/1.1 protocol (h11) under `limits`: pass it as `uvicorn.Config(http=...)`."""
     busy = _busy_body(limits)
+    idle: OrderedDict[asyncio.Protocol, None] = OrderedDict()
+    """The open connections with no request in, the longest idle first (one event loop: no
+    lock)."""
 
     async def answer_busy(scope: Any, receive: Any, send: Any) -> None:
         await send(
@@ -144,6 +150,12 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
         _deadline: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            if len(self.connections) >= limits.max_connections and idle:
+                # Make room: the connection idle the longest goes, not the new one. A flood of
+                # connections that never send a request cannot keep a client out.
+                oldest = next(iter(idle))
+                assert isinstance(oldest, GuardedH11Protocol)
+                oldest.close_if_idle()
             held = len(self.connections)
             if held >= limits.refuse_beyond:
                 self._reset = True
@@ -152,38 +164,51 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
                 return
             super().connection_made(transport)
             limits.open = len(self.connections)
-            if held >= limits.max_connections:
+            if held >= limits.max_connections:  # every connection has a request in
                 limits.count_refused()
                 self.app = answer_busy  # its first request is answered 503, and it closes
-            self._arm_deadline()
+            self._now_idle()
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._reset:
                 return
+            idle.pop(self, None)
             self._disarm_deadline()
             super().connection_lost(exc)
             limits.open = len(self.connections)
 
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # a whole request is in
+                idle.pop(self, None)
+
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self._arm_deadline()  # idle again until the next request is whole
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self._now_idle()  # until the next request is whole
 
-        def _arm_deadline(self) -> None:
+        def _now_idle(self) -> None:
+            idle.pop(self, None)
+            idle[self] = None
             self._disarm_deadline()
-            self._deadline = self.loop.call_later(limits.idle_s, self._close_if_idle)
+            self._deadline = self.loop.call_later(limits.idle_s, self.close_if_idle)
 
         def _disarm_deadline(self) -> None:
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
 
-        def _close_if_idle(self) -> None:
+        def close_if_idle(self) -> None:
+            """Close this connection unless a request is in (a long-poll may wait a minute)."""
             self._deadline = None
             if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
-                return  # a request is in (a long-poll may wait a minute): not idle
+                return
+            idle.pop(self, None)
             with contextlib.suppress(h11.LocalProtocolError):
                 self.conn.send(h11.ConnectionClosed())
             self.transport.close()
+            self.connections.discard(self)  # now, not when the loop reports it lost: it is gone
+            limits.open = len(self.connections)
 
     return GuardedH11Protocol
 

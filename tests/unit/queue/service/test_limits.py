@@ -261,8 +261,8 @@ GUARDED_APPS: dict[str, FastAPI] = {}
 
 @pytest.fixture
 def guarded() -> Iterator[tuple[str, ConnectionLimits]]:
-    """A server that takes 4 connections and closes one idle for half a second."""
-    _, app = limited(max_connections=4, keep_alive_s=0.5)
+    """A server that takes 4 connections and closes one idle for 1.5 s."""
+    _, app = limited(max_connections=4, keep_alive_s=1.5)
     limits = connection_limits(app.state.manager.config.service)
     with live_server(app, limits) as url:
         GUARDED_APPS[url] = app
@@ -270,19 +270,41 @@ def guarded() -> Iterator[tuple[str, ConnectionLimits]]:
         del GUARDED_APPS[url]
 
 
-def test_past_its_connections_the_server_answers_503_and_closes(
+def test_a_flood_of_idle_connections_cannot_keep_a_client_out(
     guarded: tuple[str, ConnectionLimits],
 ) -> None:
     url, limits = guarded
-    held = idle_connections(url, 4)
+    held = idle_connections(url, 4)  # every connection the server takes, none sends a byte
     until(lambda: limits.open == 4)
-    refused = httpx.get(f"{url}/v1/queues", headers=ADMIN, timeout=5)
-    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
-    assert refused.json()["error"]["code"] == "unavailable"
-    assert "4 connections" in refused.json()["error"]["message"]
-    assert refused.headers["connection"] == "close" and limits.refused >= 1
+    assert httpx.get(f"{url}/v1/queues", headers=ADMIN, timeout=5).status_code == 200
+    assert closed_by_server(held[0])  # the one idle the longest made room
+    assert not any(closed_by_server(sock) for sock in held[1:])
     for sock in held:
         sock.close()
+
+
+def test_past_its_connections_all_busy_the_server_answers_503_and_closes(
+    guarded: tuple[str, ConnectionLimits],
+) -> None:
+    url, limits = guarded
+    fake: FakeQueueManager = GUARDED_APPS[url].state.manager
+    jobs = running_jobs(fake, 4)
+    with ThreadPoolExecutor(4) as pool:
+        polls = [
+            pool.submit(
+                httpx.get, f"{url}/v1/jobs/{j}/notice?wait=20", headers=job_headers(fake, j)
+            )
+            for j in jobs
+        ]
+        fake.wait_for_pollers(4)  # four requests in: no connection is idle
+        refused = httpx.get(f"{url}/v1/queues", headers=ADMIN, timeout=5)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "unavailable"
+        assert "4 connections" in refused.json()["error"]["message"]
+        assert refused.headers["connection"] == "close" and limits.refused >= 1
+        for j in jobs:
+            fake.notify(j)
+        assert all(p.result(timeout=20).status_code == 200 for p in polls)
     until(lambda: limits.open == 0)
     assert httpx.get(f"{url}/v1/queues", headers=ADMIN, timeout=5).status_code == 200
 
@@ -320,8 +342,8 @@ def test_a_long_poll_is_not_idle(guarded: tuple[str, ConnectionLimits]) -> None:
     (job,) = running_jobs(fake, 1)
     with httpx.Client(base_url=url, timeout=10) as http:
         started = time.monotonic()
-        poll = http.get(f"/v1/jobs/{job}/notice?wait=1.5", headers=job_headers(fake, job))
-        assert poll.json() == {"notice": None} and time.monotonic() - started >= 1.5
+        poll = http.get(f"/v1/jobs/{job}/notice?wait=3", headers=job_headers(fake, job))
+        assert poll.json() == {"notice": None} and time.monotonic() - started >= 3
 
 
 def test_the_connections_fit_under_the_file_descriptor_limit() -> None:
@@ -336,11 +358,20 @@ def test_metrics_count_the_connections_open_and_refused(
     guarded: tuple[str, ConnectionLimits],
 ) -> None:
     url, limits = guarded
-    held = idle_connections(url, 4)
-    until(lambda: limits.open == 4)
-    assert httpx.get(f"{url}/metrics", timeout=5).status_code == 503
-    for sock in held:
-        sock.close()
+    fake: FakeQueueManager = GUARDED_APPS[url].state.manager
+    jobs = running_jobs(fake, 4)
+    with ThreadPoolExecutor(4) as pool:
+        polls = [
+            pool.submit(
+                httpx.get, f"{url}/v1/jobs/{j}/notice?wait=20", headers=job_headers(fake, j)
+            )
+            for j in jobs
+        ]
+        fake.wait_for_pollers(4)
+        assert httpx.get(f"{url}/metrics", timeout=5).status_code == 503
+        for j in jobs:
+            fake.notify(j)
+        assert all(p.result(timeout=20).status_code == 200 for p in polls)
     until(lambda: limits.open == 0)
     text = httpx.get(f"{url}/metrics", timeout=5).text
     assert "preemptible_api_connections_max 4.0" in text
