@@ -146,6 +146,9 @@ class ServiceSettings:
     """Connections the kernel may hold that the server has not accepted yet."""
     notice_polls: int = 4
     """Notice long-polls one caller (a job's token) may have waiting at once; more are 429."""
+    in_flight: int = 2
+    """Requests of one caller in progress at once (notice long-polls aside); more wait their
+    turn, so that many clients of one token compete with the others as a few."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -380,7 +383,7 @@ def _parse(data: Mapping[str, Any]) -> QueueConfig:
     )
 
 
-_SERVICE_COUNTS = ("burst", "max_connections", "backlog", "notice_polls")
+_SERVICE_COUNTS = ("burst", "max_connections", "backlog", "notice_polls", "in_flight")
 
 
 def _service(raw: Any) -> tuple[str | None, ServiceSettings]:

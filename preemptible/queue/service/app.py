@@ -18,6 +18,7 @@ from preemptible.queue.service.auth import Authenticator, Tokens, resolve_tokens
 from preemptible.queue.service.dashboard_api import install_dashboard
 from preemptible.queue.service.http_edge import (
     BodyLimitMiddleware,
+    CallerShareMiddleware,
     CatchAllMiddleware,
     QueueManagerProtocol,
     install_error_handlers,
@@ -66,6 +67,7 @@ def create_app(
     app.state.notice_threads = limits.max_connections
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
+    app.add_middleware(CallerShareMiddleware, in_flight=limits.in_flight)
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(LatencyMiddleware, metrics=metrics)
     app.include_router(api.router)

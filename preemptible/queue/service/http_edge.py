@@ -8,9 +8,11 @@ them, so neither router imports the other.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
@@ -20,6 +22,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -318,10 +321,12 @@ async def _manager(request: Request) -> QueueManagerProtocol:
 async def _caller(
     request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
 ) -> Principal:
-    """Who calls, once its bucket has room for one more request (else 429)."""
-    authenticator: Authenticator = request.app.state.authenticator
-    principal = authenticator.authenticate(request.headers.get("authorization"))
-    _take(request, principal, principal.describe())
+    """Who calls: found, counted and let in by `CallerShareMiddleware` (else 401 here)."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None:  # no valid token: the middleware let it through to be refused here
+        authenticator: Authenticator = request.app.state.authenticator
+        principal = authenticator.authenticate(request.headers.get("authorization"))
+        await _take(request.app.state.rate_limiter, principal)
     return principal
 
 
@@ -331,26 +336,129 @@ ANONYMOUS = "anonymous"
 
 async def _anonymous(request: Request) -> None:
     """A call without a token, once the callers without one have room for it (else 429)."""
-    _take(request, ANONYMOUS, "the callers without a token")
+    await _take(request.app.state.rate_limiter, ANONYMOUS)
 
 
-def _take(request: Request, key: Principal | str, who: str) -> None:
-    limiter: RateLimiter = request.app.state.rate_limiter
+REFUSAL_DELAY_S = 0.5
+"""A refused request is answered this long after it came: a client that asks again at once,
+whatever `Retry-After` says, asks twice a second per connection, not thousands of times, and
+the wait costs the server a timer on its event loop, no thread and no CPU."""
+
+
+async def _take(limiter: RateLimiter, key: Principal | str) -> None:
+    """Take a request from `key`'s bucket, or wait `REFUSAL_DELAY_S` and raise 429."""
     wait_s = limiter.take(key)
     if wait_s > 0:
+        await asyncio.sleep(REFUSAL_DELAY_S)
+        who = key.describe() if isinstance(key, Principal) else "the callers without a token"
+        left_s = max(0.0, wait_s - REFUSAL_DELAY_S)
         raise RateLimitedError(
             f"too many requests from {who}: at most {limiter.rate_per_s:g} a second "
-            f"({limiter.burst} at once); ask again in {max(1, math.ceil(wait_s))} s",
-            wait_s,
+            f"({limiter.burst} at once); ask again in {max(1, math.ceil(left_s))} s",
+            left_s,
         )
 
 
-ITEMS_PER_REQUEST = 100
+class InFlight:
+    """At most `per_key` requests of one key in progress; the others wait their turn, first
+    come first served, in the event loop (no thread). One event loop only: no lock."""
+
+    def __init__(self, per_key: int) -> None:
+        self.per_key = per_key
+        self._held: dict[Hashable, int] = {}
+        self._waiting: dict[Hashable, deque[asyncio.Future[None]]] = {}
+
+    async def enter(self, key: Hashable) -> None:
+        if self._held.get(key, 0) < self.per_key and not self._waiting.get(key):
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, deque()).append(turn)
+        try:
+            await turn  # `leave` hands its slot over
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.leave(key)  # handed over as it was cancelled: hand it on
+            else:
+                self._waiting[key].remove(turn)
+                if not self._waiting[key]:
+                    del self._waiting[key]
+            raise
+
+    def leave(self, key: Hashable) -> None:
+        waiting = self._waiting.get(key)
+        while waiting:
+            turn = waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)  # the slot goes to the next, still held
+                if not waiting:
+                    del self._waiting[key]
+                return
+        self._waiting.pop(key, None)
+        held = self._held.get(key, 0) - 1
+        if held > 0:
+            self._held[key] = held
+        else:
+            self._held.pop(key, None)
+
+    def held(self, key: Hashable) -> int:
+        return self._held.get(key, 0)
+
+
+LONG_POLL_SUFFIX = "/notice"
+"""The notice long-poll: bounded by `[service] notice_polls`, not by the requests in flight."""
+
+
+class CallerShareMiddleware:
+    """Each caller's share of the server, before any routing: who calls (its token), whether its
+    bucket has room (else 429 after `REFUSAL_DELAY_S`), and at most `in_flight` of its requests
+    in progress at once, the others waiting their turn. Eight clients of one token in a loop then
+    compete with the other callers as a few requests do, not as eight.
+
+    A request without a valid token goes on, to be refused by the route (401); the caller found
+    here is the route's (`request.state.principal`).
+    """
+
+    def __init__(self, app: ASGIApp, in_flight: int) -> None:
+        self.app = app
+        self.in_flight = InFlight(in_flight)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        state = scope["app"].state
+        authenticator: Authenticator = state.authenticator
+        header = Headers(scope=scope).get("authorization")
+        try:
+            principal = authenticator.authenticate(header)
+        except AuthenticationError:
+            await self.app(scope, receive, send)
+            return
+        try:
+            await _take(state.rate_limiter, principal)
+        except RateLimitedError as refused:
+            headers = {"Retry-After": refused.retry_after}
+            await error_response(429, str(refused), headers=headers)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["principal"] = principal
+        if path.endswith(LONG_POLL_SUFFIX):
+            await self.app(scope, receive, send)
+            return
+        await self.in_flight.enter(principal)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight.leave(principal)
+
+
+ITEMS_PER_REQUEST = 50
 """A listing costs its caller one request more for every this many items it returned."""
 
 
 def charge_listing(request: Request, principal: Principal, items: int) -> None:
-    """Charge a listing for the items it returned (a page of 500 costs 6 requests in all), so
+    """Charge a listing for the items it returned (a page of 500 costs 11 requests in all), so
     that a client listing in a loop uses its own share up sooner, not the server's."""
     limiter: RateLimiter = request.app.state.rate_limiter
     limiter.charge(principal, items / ITEMS_PER_REQUEST)

@@ -169,12 +169,18 @@ def test_the_service_tables_limits_parse_and_default():
     assert parse_config_text(base).service == ServiceSettings()
     text = base + (
         '[service]\nadmin_token = "env:X"\nrate = 2.5\nburst = 10\nmax_connections = 64\n'
-        'keep_alive = "2s"\nbacklog = 16\nnotice_polls = 1\n'
+        'keep_alive = "2s"\nbacklog = 16\nnotice_polls = 1\nin_flight = 2\n'
     )
     config = parse_config_text(text)
     assert config.admin_token == "env:X"
     assert config.service == ServiceSettings(
-        rate_per_s=2.5, burst=10, max_connections=64, keep_alive_s=2.0, backlog=16, notice_polls=1
+        rate_per_s=2.5,
+        burst=10,
+        max_connections=64,
+        keep_alive_s=2.0,
+        backlog=16,
+        notice_polls=1,
+        in_flight=2,
     )
 
 

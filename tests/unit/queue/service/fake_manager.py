@@ -111,6 +111,9 @@ class FakeQueueManager:
         self.notice_waits: list[tuple[str, float]] = []
         self.fail_with: Exception | None = None
         """Raised by every call while set: a manager bug, as the API sees it."""
+        self.gate: threading.Event | None = None
+        """While set, `queues` waits for it to open (a slow request), counting who waits."""
+        self.at_gate = 0
 
     # --- the manager's surface -----------------------------------------------------------------
 
@@ -247,6 +250,12 @@ class FakeQueueManager:
 
     def queues(self) -> list[QueueView]:
         self._maybe_fail()
+        gate = self.gate
+        if gate is not None:
+            with self._changed:
+                self.at_gate += 1
+                self._changed.notify_all()
+            gate.wait(timeout=30)
         with self._changed:
             views = []
             for q in self.config.queues:

@@ -6,10 +6,12 @@ ask), serves it on a free loopback port, and speaks HTTP to it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import resource
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +28,7 @@ from preemptible.queue.service.connections import (
     ConnectionLimits,
     connection_limits,
 )
-from preemptible.queue.service.http_edge import ITEMS_PER_REQUEST
+from preemptible.queue.service.http_edge import ITEMS_PER_REQUEST, InFlight
 from preemptible.queue.service.limits import RateLimiter, WaitSlots
 from preemptible.queue.service.log_limits import RepeatFilter, quiet_repeats
 from preemptible.queue.service.views import SubmitRequest
@@ -142,17 +144,17 @@ def test_submissions_are_counted_with_the_rest(
     assert codes == [201, 201, 201, 429, 429] and len(fake.submissions) == 3
 
 
-def test_a_page_of_a_listing_costs_one_request_per_hundred_items() -> None:
-    fake, app = limited(rate_per_s=0.01, burst=22)
+def test_a_page_of_a_listing_costs_a_request_more_per_so_many_items() -> None:
+    extra = 1000 // ITEMS_PER_REQUEST  # what a page of 1000 costs beyond its request
+    fake, app = limited(rate_per_s=0.01, burst=2 + extra)
     for _ in range(1000):
         fake.submit(SubmitRequest(queue="team-a", command=["x"]))
-    pages = 1000 // ITEMS_PER_REQUEST
     with live_server(app) as url, httpx.Client(base_url=url, timeout=10) as http:
-        for left in (22 - 1 - pages, 22 - 2 * (1 + pages)):  # 11, then 0
-            page = http.get("/v1/jobs", params={"limit": 1000}, headers=TEAM_A)
-            assert page.status_code == 200 and len(page.json()) == 1000, left
+        page = http.get("/v1/jobs", params={"limit": 1000}, headers=TEAM_A)
+        assert page.status_code == 200 and len(page.json()) == 1000  # 1 + extra: 1 left
+        assert http.get("/v1/jobs", params={"limit": 1}, headers=TEAM_A).status_code == 200
         refused = http.get("/v1/jobs", params={"limit": 1}, headers=TEAM_A)
-        assert refused.status_code == 429, refused.text  # two requests, 22 used
+        assert refused.status_code == 429, refused.text  # nothing left
         assert int(refused.headers["retry-after"]) > 60  # 1 at 0.01 a second
         assert http.get("/v1/jobs", params={"limit": 1}, headers=TEAM_B).status_code == 200
 
@@ -434,3 +436,52 @@ def test_quiet_repeats_filters_every_handler_of_the_logger() -> None:
     finally:
         logger.removeHandler(first)
         logger.removeHandler(second)
+
+
+# --- requests in flight --------------------------------------------------------------------------
+
+
+def test_in_flight_lets_per_key_in_and_hands_each_slot_on_in_order() -> None:
+    async def scenario() -> list[str]:
+        gate, order = InFlight(2), []
+
+        async def request(name: str, key: str, hold: asyncio.Event) -> None:
+            await gate.enter(key)
+            order.append(name)
+            await hold.wait()
+            gate.leave(key)
+
+        holds = {name: asyncio.Event() for name in ("a1", "a2", "a3", "a4", "b1")}
+        tasks = [asyncio.create_task(request(name, name[0], hold)) for name, hold in holds.items()]
+        await asyncio.sleep(0.01)
+        assert order == ["a1", "a2", "b1"] and gate.held("a") == 2  # a3, a4 wait their turn
+        holds["a2"].set()
+        await asyncio.sleep(0.01)
+        assert order[-1] == "a3"
+        tasks[3].cancel()  # a4 gives up waiting
+        for hold in holds.values():
+            hold.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert gate.held("a") == 0 and gate.held("b") == 0
+        return order
+
+    assert asyncio.run(scenario()) == ["a1", "a2", "b1", "a3"]
+
+
+def test_one_callers_requests_wait_their_turn_and_the_others_go_on() -> None:
+    fake, app = limited(in_flight=1)
+    fake.gate = threading.Event()
+    with (
+        live_server(app) as url,
+        ThreadPoolExecutor(3) as pool,
+    ):
+        calls = [
+            pool.submit(httpx.get, f"{url}/v1/queues", headers=headers, timeout=30)
+            for headers in (TEAM_A, TEAM_A, TEAM_B)
+        ]
+        until(lambda: fake.at_gate == 2)  # one of team a's, and team b's
+        time.sleep(0.3)
+        assert fake.at_gate == 2  # team a's second waits for its first
+        fake.gate.set()
+        assert [c.result(timeout=30).status_code for c in calls] == [200, 200, 200]
+        assert fake.at_gate == 3
