@@ -26,7 +26,7 @@ import os
 import secrets
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -143,6 +143,7 @@ class QueueManager:
         poll means a cycle was late."""
         self._last_step_at: float | None = None
         self._outage = Outage(log, "a step of the queue loop")
+        self._finished_views = FinishedViews()
         self.wake_at: float | None = None
         """When the last cycle asked to run again although nothing changes before then."""
         self._next_cycle = 0.0
@@ -335,8 +336,12 @@ class QueueManager:
             page = self.book.page(keep, after=after, limit=limit)
             views = [None if r.state.finished else r.view() for r in page]
         # A finished job's record never changes again: its view is made without the lock, which
-        # a page of history (500 views, 5 ms) would otherwise hold from submissions and cycles.
-        return [v if v is not None else r.view() for v, r in zip(views, page, strict=True)]
+        # a page of history (500 views, 5 ms) would otherwise hold from submissions and cycles,
+        # and kept for the next page that shows it.
+        return [
+            v if v is not None else self._finished_views.get(r)
+            for v, r in zip(views, page, strict=True)
+        ]
 
     def why(self, job_id: str) -> WhyView:
         with self.lock:
@@ -606,6 +611,31 @@ class QueueManager:
     def _job_token(self, job_id: str) -> str:
         """The job's own token: derived from the manager's secret, so it is never stored."""
         return hmac.new(self.secret, job_id.encode(), hashlib.sha256).hexdigest()
+
+
+class FinishedViews:
+    """The views of the finished jobs listed last, the most recent `size`: a finished job's
+    record never changes again, so its view is made once, not at every page that shows it
+    (10 µs each, most of a page's cost). Thread-safe."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.size = size
+        self._views: OrderedDict[str, JobView] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, record: JobRecord) -> JobView:
+        """The view of `record`, which has finished."""
+        with self._lock:
+            view = self._views.get(record.id)
+            if view is not None:
+                self._views.move_to_end(record.id)
+                return view
+        view = record.view()
+        with self._lock:
+            self._views[record.id] = view
+            if len(self._views) > self.size:
+                self._views.popitem(last=False)
+        return view
 
 
 def _moved(old: float, new: float) -> bool:

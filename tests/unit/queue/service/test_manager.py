@@ -477,3 +477,16 @@ def test_a_failing_step_is_logged_once_per_outage_and_counted(tmp_path, caplog):
     text = ApiMetrics(m).render().decode()
     assert f"preemptible_queue_loop_step_failures_total {m.step_failures}.0" in text
     assert "preemptible_queue_loop_steps_total" in text and "loop_step_gap_seconds_bucket" in text
+
+
+def test_pages_of_finished_jobs_show_what_they_were_and_are_made_once(tmp_path):
+    m = manager(tmp_path / "state")
+    done = submit(m, "a", "pass")
+    waiting = submit(m, "b", "import time; time.sleep(60)", gpus=2)
+    until(m, lambda: state_of(m, done.id) is JobState.COMPLETED)
+    first = {v.id: v for v in m.list_jobs()}
+    assert first[done.id] == m.get_job(done.id) and first[done.id].state is JobState.COMPLETED
+    again = {v.id: v for v in m.list_jobs()}
+    assert again[done.id] is first[done.id]  # a finished job's view is kept
+    assert again[waiting.id] is not first[waiting.id]  # a live one is made again
+    m.cancel(waiting.id)
