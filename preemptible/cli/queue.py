@@ -81,9 +81,31 @@ class _Client:
         body: dict[str, Any] | None = None,
     ) -> Any:
         """The answer's JSON; exits 2 on a 4xx, 1 when the server cannot be reached."""
+        return self.request(method, path, params=params, body=body).json()
+
+    def every_page(self, path: str, *, params: dict[str, Any] | None = None) -> list[Any]:
+        """Every item of a listing: its pages, following `Link: <...>; rel="next"`."""
+        items: list[Any] = []
+        response = self.request("GET", path, params=params)
+        while True:
+            items += response.json()
+            following = response.links.get("next", {}).get("url")
+            if not following:
+                return items
+            response = self.request("GET", following)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> httpx.Response:
+        """The answer; exits 2 on a 4xx, 1 when the server cannot be reached."""
         params = {k: v for k, v in (params or {}).items() if v is not None}
         try:
-            response = self._http.request(method, path, params=params, json=body)
+            response = self._http.request(method, path, params=params or None, json=body)
         except httpx.TransportError as exc:
             _fail(
                 f"cannot reach the queue manager at {self.url} ({exc.__class__.__name__}: {exc}); "
@@ -92,7 +114,7 @@ class _Client:
             )
         if response.status_code >= 400:
             _fail(self._message(response), code=2 if response.status_code < 500 else 1)
-        return response.json()
+        return response
 
     def _message(self, response: httpx.Response) -> str:
         try:
@@ -255,9 +277,15 @@ def status(
     as_json: AsJson = False,
 ) -> None:
     """The jobs, like squeue: waiting and running ones unless --all or --state."""
-    jobs = _Client(url, token).call("GET", "/v1/jobs", params={"queue": queue, "state": state})
-    if not show_all and state is None:
-        jobs = [j for j in jobs if j["state"] in ACTIVE_STATES]
+    client = _Client(url, token)
+    # Without --all, only the waiting and running jobs are asked for: not every finished job.
+    states = [state] if state is not None or show_all else list(ACTIVE_STATES)
+    jobs = [
+        job
+        for one in states
+        for job in client.every_page("/v1/jobs", params={"queue": queue, "state": one})
+    ]
+    jobs.sort(key=lambda j: j["submitted_at"])
     if as_json:
         _print_json(jobs)
         return
@@ -265,7 +293,7 @@ def status(
     for column in ("ID", "NAME", "QUEUE", "TIER", "STATE", "GPUS", "WAITED", "REASON"):
         jobs_table.add_column(column, no_wrap=column != "REASON")
     now = time.time()
-    for job in sorted(jobs, key=lambda j: j["submitted_at"]):
+    for job in jobs:
         jobs_table.add_row(
             job["id"],
             job["name"],
@@ -332,22 +360,27 @@ def events(
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
-    """The audit log: submitted, admitted, notice, exited, requeued, cancelled, with reasons."""
+    """The audit log: submitted, admitted, notice, exited, requeued, cancelled, with reasons
+    and who asked (the admin, queue:NAME or job:ID; - for the manager's own decisions)."""
     pause_s = _duration(interval, "--interval")
     client = _Client(url, token)
     params: dict[str, Any] = {"since": since, "queue": queue, "job_id": job}
+    if as_json and not follow:
+        _print_json(client.every_page("/v1/events", params=params))
+        return
     try:
         while True:
-            found = client.call("GET", "/v1/events", params=params)
-            if as_json and not follow:
-                _print_json(found)
+            response = client.request("GET", "/v1/events", params=params)
+            found = response.json()
             for event in found:
-                if as_json and follow:
+                if as_json:
                     echo_json(event)  # one object a line while following
-                elif not as_json:
+                else:
                     echo(_event_line(event))
             if found:
                 params["since"] = found[-1]["id"]
+            if "next" in response.links:
+                continue  # a full page: the next one at once
             if not follow:
                 return
             if not found:
@@ -359,8 +392,17 @@ def events(
 def _event_line(event: dict[str, Any]) -> str:
     return (
         f"{event['id']:>6}  {_clock(event['at'])}  {event['kind']:<12} "
-        f"{event['job_id'] or '-':<8} {event['queue'] or '-':<12} {event['reason']}"
+        f"{event['job_id'] or '-':<8} {event['queue'] or '-':<12} {_who(event.get('by')):<16} "
+        f"{event['reason']}"
     )
+
+
+def _who(by: dict[str, Any] | None) -> str:
+    """Who asked for an event: `admin`, `queue:NAME` or `job:ID` (the token used); `-` for the
+    manager's own decisions."""
+    if not by:
+        return "-"
+    return "admin" if by.get("kind") == "admin" else f"{by.get('kind')}:{by.get('name')}"
 
 
 def _duration(text: str, option: str) -> float:

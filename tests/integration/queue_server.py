@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -28,7 +29,8 @@ class Server:
 
     Its jobs may run as root when the tests do (CI runs as root): they are the test's own, on a
     machine no team shares (`allow_jobs_as_root`). `cli`, `env` and `user` start it otherwise:
-    as another Unix user, with an interpreter that user may run.
+    as another Unix user, with an interpreter that user may run. `fd_limit` sets its file
+    descriptor limit (soft and hard, so it cannot raise it).
     """
 
     def __init__(
@@ -42,8 +44,10 @@ class Server:
         cli: list[str] | None = None,
         env: dict[str, str] | None = None,
         user: str | None = None,
+        fd_limit: int | None = None,
     ):
         self.tmp, self.config, self.tokens = tmp, config, tokens
+        self.fd_limit = fd_limit
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -57,12 +61,19 @@ class Server:
         if self.allow_jobs_as_root:
             args.append("--allow-jobs-as-root")
         log = open(self.tmp / "server.log", "ab")  # noqa: SIM115 - closed with the process
+        fds = self.fd_limit
+
+        def limit_fds() -> None:
+            if fds is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (fds, fds))
+
         self.proc = subprocess.Popen(
             [*self.cli, "queue", "serve", *args, "--port", str(self.port)],
             env={**os.environ, **self.env, **self.tokens},
             stdout=log,
             stderr=subprocess.STDOUT,
             user=self.user,
+            preexec_fn=limit_fds if fds is not None else None,
         )
         wait_until(self._answers, "the server to answer", timeout=30, every=0.1, describe=self.log)
 

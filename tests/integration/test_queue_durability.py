@@ -344,7 +344,7 @@ class Soak:
 
     def check_after_restart(self, acked: list[str]) -> None:
         with self.admin() as admin:
-            jobs = {j["id"]: j for j in admin.get("/v1/jobs").json()}
+            jobs = {j["id"]: j for j in _all_jobs(admin)}
             lost = [j for j in acked if j not in jobs]
             assert not lost, f"acknowledged jobs lost by a restart: {lost}"
             for job in jobs.values():
@@ -373,7 +373,7 @@ class Soak:
 
     def check_at_the_end(self) -> dict[str, int]:
         with self.admin() as admin:
-            jobs = {j["id"]: j for j in admin.get("/v1/jobs").json()}
+            jobs = {j["id"]: j for j in _all_jobs(admin)}
             events = _all_events(admin)
         by_job = defaultdict(list)
         for e in events:
@@ -475,6 +475,17 @@ def _group_alive(pgid: int) -> bool:
     return fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid
 
 
+def _all_jobs(admin: httpx.Client) -> list[dict[str, Any]]:
+    """Every job: the pages of /v1/jobs, following each answer's Link to the next."""
+    jobs: list[dict[str, Any]] = []
+    response = admin.get("/v1/jobs")
+    while True:
+        jobs.extend(response.raise_for_status().json())
+        if "next" not in response.links:
+            return jobs
+        response = admin.get(response.links["next"]["url"])
+
+
 def _all_events(admin: httpx.Client) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     while True:
@@ -535,9 +546,8 @@ def _run(soak: Soak, seed: int) -> None:
     with soak.admin() as admin:
 
         def unfinished() -> dict[str, str]:
-            jobs = admin.get("/v1/jobs").json()
             ended = ("completed", "failed", "cancelled")
-            return {j["id"]: j["state"] for j in jobs if j["state"] not in ended}
+            return {j["id"]: j["state"] for j in _all_jobs(admin) if j["state"] not in ended}
 
         wait_until(
             lambda: not unfinished(),

@@ -170,6 +170,33 @@ class PreemptionSettings:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ServiceSettings:
+    """The `[service]` table's limits: what the queue manager's HTTP side lets one caller take.
+
+    Read by the queue manager alone (`preemptible queue serve`); the core and the simulator
+    never look at them. The defaults are far above what a team, a dashboard or a job asks
+    (docs/user-guide/queue-manager.md, "Limits")."""
+
+    rate_per_s: float = 100.0
+    """Requests a second each caller (the admin, a queue's token, a job's token) may make,
+    on average; past its burst a caller is answered 429 with `Retry-After`."""
+    burst: int = 400
+    """Requests a caller may make at once before `rate_per_s` applies (its bucket's size)."""
+    max_connections: int = 512
+    """Open HTTP connections at most; more are answered 503 and closed. Lowered at start to fit
+    under the process's file descriptor limit, so that the scheduling loop always has its own."""
+    keep_alive_s: float = 5.0
+    """A connection with no request for this long (a new one included) is closed."""
+    backlog: int = 256
+    """Connections the kernel may hold that the server has not accepted yet."""
+    notice_polls: int = 4
+    """Notice long-polls one caller (a job's token) may have waiting at once; more are 429."""
+    in_flight: int = 2
+    """Requests of one caller in progress at once (notice long-polls aside); more wait their
+    turn, so that many clients of one token compete with the others as a few."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class QueueConfig:
     """A whole parsed configuration."""
 
@@ -191,6 +218,8 @@ class QueueConfig:
     run_as: Mapping[str, str] = field(default_factory=dict)
     """Queue name -> the Unix user its jobs run as (`run_as = "alice"`); the queue manager
     looks the user up and switches to it (docs/user-guide/security.md)."""
+    service: ServiceSettings = field(default_factory=ServiceSettings)
+    """The rest of the `[service]` table: the HTTP side's limits."""
 
     def queue(self, name: str) -> Queue:
         """The queue called `name`.
@@ -392,6 +421,7 @@ def _parse(data: Mapping[str, Any]) -> QueueConfig:
                 f"the queues' nominal quotas add up to {nominal:g} GPUs but the cluster has "
                 f"{cluster.gpus}; lower a nominal quota or raise cluster.gpus",
             )
+    admin_token, service = _service(data.get("service", {}))
     return QueueConfig(
         cluster=cluster,
         policy=policy,
@@ -399,20 +429,36 @@ def _parse(data: Mapping[str, Any]) -> QueueConfig:
         queues=tuple(queues),
         tokens=tokens,
         gpus_auto=gpus_auto,
-        admin_token=_service(data.get("service", {})),
+        admin_token=admin_token,
         run_as=run_as,
+        service=service,
     )
 
 
-def _service(raw: Any) -> str | None:
-    """The [service] table of the reference queue manager: its admin token's spec."""
-    _only(raw, {"admin_token"}, ("service",))
+_SERVICE_COUNTS = ("burst", "max_connections", "backlog", "notice_polls", "in_flight")
+
+
+def _service(raw: Any) -> tuple[str | None, ServiceSettings]:
+    """The [service] table of the reference queue manager: its admin token's spec and limits."""
+    allowed = {"admin_token", "rate", "keep_alive", *_SERVICE_COUNTS}
+    _only(raw, allowed, ("service",))
     token = raw.get("admin_token")
     if token is not None and not isinstance(token, str):
         raise _Invalid(
             ("service", "admin_token"), "expected a string such as 'env:PREEMPTIBLE_ADMIN_TOKEN'"
         )
-    return token
+    kwargs: dict[str, Any] = {}
+    if "rate" in raw:
+        rate = _number(raw["rate"], ("service", "rate"))
+        if rate <= 0:
+            raise _Invalid(("service", "rate"), "must be more than 0 requests a second")
+        kwargs["rate_per_s"] = rate
+    if "keep_alive" in raw:
+        kwargs["keep_alive_s"] = _positive_seconds(raw["keep_alive"], ("service", "keep_alive"))
+    for key in _SERVICE_COUNTS:
+        if key in raw:
+            kwargs[key] = int(_number(raw[key], ("service", key), minimum=1, integer=True))
+    return token, ServiceSettings(**kwargs)
 
 
 def _only(table: Any, allowed: set[str], key: Key) -> None:

@@ -2,10 +2,11 @@
 
 `auth.py` says who is calling (the admin, a queue, a job); this module says what that caller may
 reach (docs/maintainers/design.md, "Service"): the admin everything; a queue token its own queue's
-jobs, and listings limited to them; a job's own token only that job's cost, notice and checkpointed
-endpoints. Each check raises `AccessDeniedError` (HTTP 403) with words that say which token would
-do, and returns nothing else but the queue a listing is limited to. The API's routes (`api.py`) and
-the dashboard's (`dashboard_api.py`) call the same checks, so a rule cannot differ between them.
+jobs, listings limited to them, and the machine's queues and signals; a job's own token only that
+job's cost, notice and checkpointed endpoints (no listing, no queue, no signal). Each check
+raises `AccessDeniedError` (HTTP 403) with words that say which token would do, and returns
+nothing else but the queue a listing is limited to. The API's routes (`api.py`) and the
+dashboard's (`dashboard_api.py`) call the same checks, so a rule cannot differ between them.
 Rejected alternative: one FastAPI dependency per rule, which would have to re-read the job id from
 the path and hides from a route's body which rule it runs.
 """
@@ -15,13 +16,14 @@ from __future__ import annotations
 from typing import Protocol
 
 from preemptible.errors import AccessDeniedError
-from preemptible.queue.service.auth import Principal, PrincipalKind
+from preemptible.queue.service.views import Principal, PrincipalKind
 
 __all__ = [
     "JobQueues",
     "check_job_access",
     "check_may_submit",
     "check_own_job",
+    "check_team_or_admin",
     "queue_scope",
 ]
 
@@ -47,6 +49,16 @@ def queue_scope(principal: Principal, queue: str | None) -> str | None:
     if queue not in (None, principal.name):
         raise AccessDeniedError(f"{principal.describe()} sees only its own queue, not {queue!r}")
     return principal.name
+
+
+def check_team_or_admin(principal: Principal) -> None:
+    """The queues and the signals of the whole machine: any queue's token or the admin's.
+
+    Raises:
+        AccessDeniedError: a job's token, which acts on its own job only.
+    """
+    if principal.kind is PrincipalKind.JOB:
+        raise _job_token_refused(principal)
 
 
 def check_job_access(manager: JobQueues, principal: Principal, job_id: str) -> None:
@@ -98,6 +110,6 @@ def _job_token_refused(principal: Principal) -> AccessDeniedError:
     """The error for a job's token on a route that is not one of its job's own (returned, for
     the caller to raise)."""
     return AccessDeniedError(
-        f"{principal.describe()} reaches only that job's cost, notice and checkpointed "
-        "endpoints; use a queue token or the admin token"
+        f"{principal.describe()} acts on its own job only (its cost, notice and checkpointed "
+        "endpoints); use a queue token or the admin token"
     )

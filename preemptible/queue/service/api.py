@@ -9,8 +9,10 @@ manager; it keeps no state of its own.
 Every error, whatever raised it (the manager, validation, routing, a body too large, a bug),
 answers `{"error": {"code", "message"}}`, and every status a route can answer is documented in
 its OpenAPI `responses`, which a schemathesis test checks. Routes are plain `def`, so FastAPI
-runs them in its thread pool; the notice long-poll runs in a thread pool of its own, so that
-jobs waiting for notices never starve the other routes.
+runs them in its thread pool; the notice long-poll runs in a thread pool of its own, as large as
+the connections the server takes (each poll holds one), so that jobs waiting for notices never
+starve the other routes and a poll never waits for a thread; one job may have `notice_polls` of
+them waiting at once ([service]), and is answered 429 beyond.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Annotated, Any
 import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Query, Request
+from fastapi.datastructures import URL
 from fastapi.responses import Response
 from pydantic import (
     BaseModel,
@@ -29,6 +32,7 @@ from pydantic import (
     Field,
     StrictBool,
     StringConstraints,
+    TypeAdapter,
     WithJsonSchema,
 )
 
@@ -39,9 +43,17 @@ from preemptible.queue.service.access import (
     check_job_access,
     check_may_submit,
     check_own_job,
+    check_team_or_admin,
     queue_scope,
 )
-from preemptible.queue.service.http_edge import Caller, Manager, error_responses
+from preemptible.queue.service.http_edge import (
+    Anonymous,
+    Caller,
+    Manager,
+    charge_listing,
+    error_responses,
+)
+from preemptible.queue.service.limits import RateLimitedError, WaitSlots
 from preemptible.queue.service.logs import read_log_slice
 from preemptible.queue.service.metrics import CONTENT_TYPE, ApiMetrics
 from preemptible.queue.service.views import (
@@ -62,8 +74,11 @@ MAX_INT = 2**53 - 1
 JavaScript number), well within what SQLite and a file offset hold."""
 MAX_NOTICE_WAIT_S = 60.0
 """A notice long-poll waits at most this long, whatever `wait` asks."""
-NOTICE_POLLERS = 256
-"""Threads for notice long-polls (one per running job is enough)."""
+DEFAULT_PAGE = 500
+"""Jobs or events in one answer of a listing unless `limit` says otherwise (about 240 KiB of
+jobs); `Link: <...>; rel="next"` says where the next page is."""
+MAX_PAGE = 1000
+"""The most jobs or events one answer holds, whatever `limit` asks."""
 DEFAULT_LOG_CHUNK = 256 * 1024
 MAX_LOG_CHUNK = 1024 * 1024
 
@@ -188,7 +203,7 @@ class Health(BaseModel):
 # --- routes --------------------------------------------------------------------------------------
 
 
-router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422, 503))
+router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422, 429, 503))
 _JOB = error_responses(404)
 _BODY = error_responses(400, 413)
 
@@ -196,18 +211,62 @@ _BODY = error_responses(400, 413)
 @router.post("/jobs", status_code=201, responses=_BODY, summary="Submit a job")
 def submit(body: SubmitBody, principal: Caller, manager: Manager) -> JobView:
     check_may_submit(principal, body.queue)
-    return manager.submit(body.to_view())
+    return manager.submit(body.to_view(), by=principal)
 
 
-@router.get("/jobs", summary="List jobs")
+_NEXT_PAGE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "headers": {
+            "Link": {
+                "description": 'Where the next page is (`<URL>; rel="next"`), when there may be '
+                "more; follow it until an answer has no Link",
+                "schema": {"type": "string"},
+            }
+        }
+    }
+}
+
+
+_JOB_LIST = TypeAdapter(list[JobView])
+_EVENT_LIST = TypeAdapter(list[EventView])
+
+
+def _page(
+    request: Request, adapter: TypeAdapter[Any], items: list[Any], **cursor: str | int
+) -> Response:
+    """A page of a listing as JSON, written in one pass (`dump_json`; what FastAPI does with a
+    returned list, validate, convert and dump, costs four times as much); with `cursor`, a
+    `Link` to the next page: the same query from there."""
+    response = Response(adapter.dump_json(items), media_type="application/json")
+    if cursor:
+        url = URL(request.url.path).include_query_params(**{**request.query_params, **cursor})
+        response.headers["Link"] = f'<{url}>; rel="next"'
+    return response
+
+
+@router.get(
+    "/jobs",
+    response_model=list[JobView],
+    responses={**error_responses(400), **_NEXT_PAGE},
+    summary="List jobs, oldest first, a page at a time",
+)
 def list_jobs(
+    request: Request,
     principal: Caller,
     manager: Manager,
     queue: Annotated[str | None, Query(max_length=200)] = None,
     state: JobState | None = None,
-) -> list[JobView]:
+    after: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
+) -> Response:
+    """Jobs in submission order: the first `limit` submitted after the job `after` (its id;
+    none: from the first). A full page ends with `Link: <...>; rel="next"`."""
     scope = queue_scope(principal, queue)
-    return manager.list_jobs(queue=scope, state=state)
+    found = manager.list_jobs(queue=scope, state=state, after=after, limit=limit + 1)
+    more = len(found) > limit
+    found = found[:limit]
+    charge_listing(request, principal, len(found))
+    return _page(request, _JOB_LIST, found, **({"after": found[-1].id} if more else {}))
 
 
 @router.get("/jobs/{job_id}", responses=_JOB, summary="One job")
@@ -224,7 +283,7 @@ def get_job(job_id: str, principal: Caller, manager: Manager) -> JobView:
 )
 def cancel(job_id: str, principal: Caller, manager: Manager) -> JobView:
     check_job_access(manager, principal, job_id)
-    return manager.cancel(job_id)
+    return manager.cancel(job_id, by=principal)
 
 
 @router.get("/jobs/{job_id}/why", responses=_JOB, summary="Why pending, why preempted")
@@ -242,7 +301,7 @@ def report_cost(
     job_id: str, body: CostBody, principal: Caller, manager: Manager
 ) -> NegotiationView:
     check_own_job(principal, job_id)
-    return manager.report_cost(job_id, body.to_view())
+    return manager.report_cost(job_id, body.to_view(), by=principal)
 
 
 @router.get(
@@ -259,11 +318,21 @@ async def notice(
 ) -> NoticeAnswer:
     check_own_job(principal, job_id)
     state = request.app.state
-    if state.notice_limiter is None:
-        state.notice_limiter = anyio.CapacityLimiter(NOTICE_POLLERS)
-    found = await anyio.to_thread.run_sync(
-        manager.wait_notice, job_id, min(wait, MAX_NOTICE_WAIT_S), limiter=state.notice_limiter
-    )
+    slots: WaitSlots = state.notice_slots
+    if not slots.acquire(principal):
+        raise RateLimitedError(
+            f"{principal.describe()} has {slots.per_key} notice long-polls waiting already; "
+            "one is enough (each answers as soon as a notice is sent)",
+            retry_after_s=1.0,
+        )
+    try:
+        if state.notice_limiter is None:  # made in the event loop, on first use
+            state.notice_limiter = anyio.CapacityLimiter(state.notice_threads)
+        found = await anyio.to_thread.run_sync(
+            manager.wait_notice, job_id, min(wait, MAX_NOTICE_WAIT_S), limiter=state.notice_limiter
+        )
+    finally:
+        slots.release(principal)
     return NoticeAnswer(notice=found)
 
 
@@ -276,7 +345,7 @@ def checkpointed(
     job_id: str, body: CheckpointedBody, principal: Caller, manager: Manager
 ) -> CheckpointedAnswer:
     check_own_job(principal, job_id)
-    manager.checkpointed(job_id, step=body.step, at=body.at)
+    manager.checkpointed(job_id, step=body.step, at=body.at, by=principal)
     return CheckpointedAnswer()
 
 
@@ -315,42 +384,68 @@ def logs(
     )
 
 
-@router.get("/queues", summary="Queues with quota, usage and fair share (any token)")
+@router.get("/queues", summary="Queues with quota, usage and fair share (queue or admin token)")
 def queues(principal: Caller, manager: Manager) -> list[QueueView]:
+    check_team_or_admin(principal)
     return manager.queues()
 
 
-@router.get("/stats", summary="The four signals per queue and overall (any token)")
+@router.get("/stats", summary="The four signals per queue and overall (queue or admin token)")
 def stats(principal: Caller, manager: Manager) -> StatsView:
+    check_team_or_admin(principal)
     return manager.stats()
 
 
-@router.get("/events", summary="The audit log, oldest first")
+@router.get(
+    "/events",
+    response_model=list[EventView],
+    responses=_NEXT_PAGE,
+    summary="The audit log, oldest first, a page at a time",
+)
 def events(
+    request: Request,
     principal: Caller,
     manager: Manager,
     since: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
     queue: Annotated[str | None, Query(max_length=200)] = None,
     job_id: Annotated[str | None, Query(max_length=200)] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 1000,
-) -> list[EventView]:
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
+) -> Response:
+    """Events after the id `since`, at most `limit`; a full page ends with `Link: <...>;
+    rel="next"` (the same query from the last id)."""
     scope = queue_scope(principal, queue)
-    found = manager.events(since=since, queue=scope, job_id=job_id, limit=limit)
-    return found
+    found = manager.events(since=since, queue=scope, job_id=job_id, limit=limit + 1)
+    more = len(found) > limit
+    found = found[:limit]
+    charge_listing(request, principal, len(found))
+    return _page(request, _EVENT_LIST, found, **({"since": found[-1].id} if more else {}))
+
+
+def _json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`error_responses` for a route whose answers are not JSON: its errors still are."""
+    ref = {"$ref": "#/components/schemas/ErrorAnswer"}
+    return {
+        status: {
+            "description": answer["description"],
+            "content": {"application/json": {"schema": ref}},
+        }
+        for status, answer in error_responses(*statuses).items()
+    }
 
 
 class _PrometheusText(Response):
     media_type = CONTENT_TYPE
 
 
-plain_router = APIRouter()
+plain_router = APIRouter(responses=error_responses(503))
 
 
 @plain_router.get(
     "/metrics",
     response_class=_PrometheusText,
-    responses={200: {"description": "Prometheus text format"}},
-    summary="Prometheus metrics (no token)",
+    responses={200: {"description": "Prometheus text format"}, **_json_errors(429, 503)},
+    dependencies=[Anonymous],
+    summary="Prometheus metrics (no token; the callers without one share one rate limit)",
 )
 def prometheus(request: Request) -> Response:
     metrics: ApiMetrics = request.app.state.metrics

@@ -18,10 +18,12 @@ from preemptible.queue.service.auth import Authenticator, Tokens, resolve_tokens
 from preemptible.queue.service.dashboard_api import install_dashboard
 from preemptible.queue.service.http_edge import (
     BodyLimitMiddleware,
+    CallerShareMiddleware,
     CatchAllMiddleware,
     QueueManagerProtocol,
     install_error_handlers,
 )
+from preemptible.queue.service.limits import RateLimiter, WaitSlots
 from preemptible.queue.service.metrics import ApiMetrics, LatencyMiddleware
 
 MAX_BODY_BYTES = 64 * 1024
@@ -58,8 +60,14 @@ def create_app(
     app.state.authenticator = Authenticator(tokens, manager.job_for_token)
     app.state.metrics = metrics
     app.state.notice_limiter = None  # created in the event loop, on first use
+    limits = manager.config.service
+    app.state.rate_limiter = RateLimiter(limits.rate_per_s, limits.burst)
+    app.state.notice_slots = WaitSlots(limits.notice_polls)
+    # A thread for every poll the server can hold a connection for: none waits for a thread.
+    app.state.notice_threads = limits.max_connections
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
+    app.add_middleware(CallerShareMiddleware, in_flight=limits.in_flight)
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(LatencyMiddleware, metrics=metrics)
     app.include_router(api.router)

@@ -2,7 +2,8 @@
 
 Three kinds of caller (docs/maintainers/design.md, "Service"): the admin sees everything; a queue
 token acts for its team's queue only; a job's own token (`PREEMPTIBLE_TOKEN` in the job's
-environment) reaches only that job's cost, notice and checkpointed endpoints. The queue and admin
+environment) reaches only that job's cost, notice and checkpointed endpoints, and only until the
+job has finished: then it is refused as expired (401). The queue and admin
 tokens come from the configuration as specs (`"env:TEAM_A_TOKEN"` reads the environment, anything
 else is the token itself); job tokens belong to the manager, which answers `job_for_token`.
 
@@ -15,13 +16,13 @@ constant-time in the token.
 
 from __future__ import annotations
 
-import enum
 import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from preemptible.errors import ConfigError, QueueError
+from preemptible.queue.service.views import ADMIN, Principal, PrincipalKind, TokenOwner
 
 ENV_PREFIX = "env:"
 """A token spec starting with this names an environment variable that holds the token."""
@@ -32,38 +33,6 @@ class AuthenticationError(QueueError, PermissionError):
 
     Lives here until the shared error tree (`preemptible/errors.py`) gains a 401 error.
     """
-
-
-class PrincipalKind(enum.StrEnum):
-    """What a token stands for."""
-
-    ADMIN = "admin"
-    QUEUE = "queue"
-    JOB = "job"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Principal:
-    """An authenticated caller: the admin, a queue (by name) or a job (by id)."""
-
-    kind: PrincipalKind
-    name: str
-    """"admin", the queue's name or the job's id."""
-
-    def may_act_for_queue(self, queue: str) -> bool:
-        """True for the admin and for the queue's own token."""
-        return self.kind is PrincipalKind.ADMIN or (
-            self.kind is PrincipalKind.QUEUE and self.name == queue
-        )
-
-    def describe(self) -> str:
-        """Words for error messages ("the token of queue 'team-a'")."""
-        if self.kind is PrincipalKind.ADMIN:
-            return "the admin token"
-        return f"the token of {self.kind.value} {self.name!r}"
-
-
-ADMIN = Principal(kind=PrincipalKind.ADMIN, name="admin")
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +129,7 @@ def _resolve(spec: str, owner: str, environ: Mapping[str, str]) -> str:
 class Authenticator:
     """Turns an `Authorization` header into a `Principal`."""
 
-    def __init__(self, tokens: Tokens, job_for_token: Callable[[str], str | None]) -> None:
+    def __init__(self, tokens: Tokens, job_for_token: Callable[[str], TokenOwner | None]) -> None:
         """Args:
         tokens: the admin and queue tokens.
         job_for_token: the manager's lookup of a job's own token (None: not a job token).
@@ -175,8 +144,8 @@ class Authenticator:
         """The caller named by `Authorization: Bearer <token>`.
 
         Raises:
-            AuthenticationError: no bearer token, or one that is neither a configured token nor
-                a job's own.
+            AuthenticationError: no bearer token, one that is neither a configured token nor
+                a job's own, or the token of a job that has finished (it expired with the job).
         """
         token = bearer_token(header)
         if token is None:
@@ -187,9 +156,14 @@ class Authenticator:
         principal = self._tokens.match(token)
         if principal is not None:
             return principal
-        job_id = self._job_for_token(token)
-        if job_id is not None:
-            return Principal(kind=PrincipalKind.JOB, name=job_id)
+        owner = self._job_for_token(token)
+        if owner is not None and owner.state.finished:
+            raise AuthenticationError(
+                f"this job has finished; its token expired (job {owner.job_id!r} is "
+                f"{owner.state.value})"
+            )
+        if owner is not None:
+            return Principal(kind=PrincipalKind.JOB, name=owner.job_id)
         raise AuthenticationError(
             "the bearer token is not valid here: use your queue's token, the admin token, or "
             "the job's own PREEMPTIBLE_TOKEN"

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from preemptible.queue.service import logs
-from preemptible.queue.service.auth import Principal
 from preemptible.queue.service.views import (
     EventView,
     JobState,
     JobView,
+    Principal,
     QueueView,
     SignalsView,
     StatsView,

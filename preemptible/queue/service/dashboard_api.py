@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Literal, Protocol, runtime_checkable
 
-from fastapi import APIRouter, FastAPI, Query
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -24,13 +24,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from preemptible.errors import JobNotFoundError
 from preemptible.queue.core.model import Tier
 from preemptible.queue.service import dashboard
-from preemptible.queue.service.access import check_job_access, queue_scope
+from preemptible.queue.service.access import check_job_access, check_team_or_admin, queue_scope
 from preemptible.queue.service.dashboard import DashboardView, JobDetailView
 from preemptible.queue.service.history import SignalSample
 from preemptible.queue.service.http_edge import (
     Caller,
     Manager,
     QueueManagerProtocol,
+    charge_listing,
     error_responses,
 )
 from preemptible.queue.service.views import JobState, JobView
@@ -67,7 +68,7 @@ class KeepsSignalHistory(Protocol):
     def signal_history(self, since: float) -> list[SignalSample]: ...
 
 
-router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422))
+router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422, 429, 503))
 
 
 @router.get(
@@ -75,6 +76,7 @@ router = APIRouter(prefix="/v1", responses=error_responses(401, 403, 422))
     summary="The dashboard's overview: queues, signals, GPUs and the jobs the filters select",
 )
 def overview(
+    request: Request,
     principal: Caller,
     manager: Manager,
     queue: Annotated[str | None, Query(max_length=200)] = None,
@@ -90,6 +92,7 @@ def overview(
     holding = running + preempting
     matching = _jobs(manager, scope, state, tier)
     gpus = manager.config.cluster.gpus
+    charge_listing(request, principal, min(len(matching), limit))
     return DashboardView(
         at=time.time(),
         viewer=dashboard.viewer(principal),
@@ -139,13 +142,14 @@ def job_detail(job_id: str, principal: Caller, manager: Manager) -> JobDetailVie
 
 @router.get(
     "/signals/history",
-    summary="Samples of the four signals, one a minute over the last day (any token)",
+    summary="Samples of the four signals, one a minute over the last day (queue or admin token)",
 )
 def signal_history(
     principal: Caller,
     manager: Manager,
     since: Annotated[float, Query(ge=0, allow_inf_nan=False)] = 0.0,
 ) -> list[SignalSample]:
+    check_team_or_admin(principal)
     return _history(manager, since)
 
 

@@ -304,13 +304,15 @@ class ProcessExecutor:
                 return None
             if self._kill_leftovers(handle, state):
                 return None
+            child = self._children.get((handle.pid, handle.start_ticks))
+            ended = _exit_of(handle, state, None if child is None else child.returncode)
         except ProcUnreadableError as error:
             _warn_unreadable(error)
             return None  # not known to have ended: asked again at the next poll
         if handle.cgroup is not None:
             containment_module.remove_cgroup(handle.cgroup)
-        child = self._children.pop((handle.pid, handle.start_ticks), None)
-        return _exit_of(handle, state, None if child is None else child.returncode)
+        self._children.pop((handle.pid, handle.start_ticks), None)
+        return ended
 
     def terminate(self, handle: ProcessHandle) -> None:
         """Send SIGTERM to every process of the attempt (the notice); nothing if it is gone."""
@@ -430,10 +432,31 @@ def recorded_exit(status_path: Path) -> Exit | None:
     return _read_status(status_path)
 
 
+_ABSENT = (
+    FileNotFoundError,
+    ProcessLookupError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+)
+"""What a read of `/proc` or of a status file may meet that means "not there (for us)"; any other
+`OSError` (no descriptor left, no memory, an I/O error) says nothing of the process."""
+
+
 def _read_status(path: Path) -> Exit | None:
-    """The exit the runner recorded, or None if it wrote none (the rename makes it all or none)."""
+    """The exit the runner recorded, or None if it wrote none (the rename makes it all or none).
+
+    Raises:
+        ProcUnreadableError: the file may exist but could not be read (no descriptor left...).
+    """
     try:
-        record = json.loads(path.read_bytes())
+        data = path.read_bytes()
+    except _ABSENT:
+        return None
+    except OSError as error:
+        raise ProcUnreadableError(f"cannot read {path}: {error}") from error
+    try:
+        record = json.loads(data)
         return Exit(
             exit_code=_exact(record["exit_code"], int),
             signal=_optional(record.get("signal"), int),
@@ -441,8 +464,8 @@ def _read_status(path: Path) -> Exit | None:
             how=ExitKind.EXITED,
             error=_optional(record.get("error"), str),
         )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # no file, or not one of ours
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # not one of ours
 
 
 def _prepare_status_path(path: Path) -> None:

@@ -8,8 +8,11 @@ them, so neither router imports the other.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+import math
+from collections import deque
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
@@ -19,6 +22,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -31,7 +35,8 @@ from preemptible.errors import (
     StateStoreError,
 )
 from preemptible.queue.core.config import QueueConfig
-from preemptible.queue.service.auth import AuthenticationError, Authenticator, Principal
+from preemptible.queue.service.auth import AuthenticationError, Authenticator
+from preemptible.queue.service.limits import RateLimitedError, RateLimiter
 from preemptible.queue.service.views import (
     CostView,
     EventView,
@@ -39,9 +44,11 @@ from preemptible.queue.service.views import (
     JobView,
     NegotiationView,
     NoticeView,
+    Principal,
     QueueView,
     StatsView,
     SubmitRequest,
+    TokenOwner,
     WhyView,
 )
 
@@ -52,23 +59,33 @@ class QueueManagerProtocol(Protocol):
     """What the HTTP layer asks of the manager (`manager.QueueManager` implements it).
 
     The methods are called from many threads at once, and `wait_notice` blocks for up to
-    `wait_s`; `job_for_token` is called on the event loop and must never block. They raise
+    `wait_s`; `job_for_token` is called on the event loop and must never block. Each change
+    takes `by`, the caller, for the audit log (None: not asked over HTTP). They raise
     the shared errors (`RequestError`, `JobNotFoundError`,
     `JobStateError`, `AccessDeniedError`), which become 400, 404, 409 and 403.
     """
 
     @property
     def config(self) -> QueueConfig: ...
-    def submit(self, req: SubmitRequest) -> JobView: ...
+    def submit(self, req: SubmitRequest, *, by: Principal | None = None) -> JobView: ...
     def list_jobs(
-        self, *, queue: str | None = None, state: JobState | None = None
+        self,
+        *,
+        queue: str | None = None,
+        state: JobState | None = None,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[JobView]: ...
     def get_job(self, job_id: str) -> JobView: ...
-    def cancel(self, job_id: str) -> JobView: ...
+    def cancel(self, job_id: str, *, by: Principal | None = None) -> JobView: ...
     def why(self, job_id: str) -> WhyView: ...
-    def report_cost(self, job_id: str, cost: CostView) -> NegotiationView: ...
+    def report_cost(
+        self, job_id: str, cost: CostView, *, by: Principal | None = None
+    ) -> NegotiationView: ...
     def wait_notice(self, job_id: str, wait_s: float) -> NoticeView | None: ...
-    def checkpointed(self, job_id: str, *, step: int, at: float | None) -> None: ...
+    def checkpointed(
+        self, job_id: str, *, step: int, at: float | None, by: Principal | None = None
+    ) -> None: ...
     def queues(self) -> list[QueueView]: ...
     def stats(self) -> StatsView: ...
     def events(
@@ -81,7 +98,7 @@ class QueueManagerProtocol(Protocol):
     ) -> list[EventView]: ...
     def log_path(self, job_id: str, attempt: int | None = None) -> Path: ...
     def job_queue(self, job_id: str) -> str: ...
-    def job_for_token(self, token: str) -> str | None: ...
+    def job_for_token(self, token: str) -> TokenOwner | None: ...
     def metrics_snapshot(self) -> dict[str, Any]: ...
 
 
@@ -101,15 +118,20 @@ class ErrorAnswer(BaseModel):
 # --- errors --------------------------------------------------------------------------------------
 
 _DESCRIPTIONS = {
-    400: "The body is not JSON, or asks the impossible (an unknown queue, too many GPUs...).",
+    400: "The request asks the impossible (an unknown queue, too many GPUs, a page after a job "
+    "that does not exist...).",
     401: "No token, or one this server does not know.",
     403: "The token is valid but not for this queue or job.",
     404: "No job (or attempt) with this id.",
     409: "The job's state does not allow this (it has finished, or is not running).",
     413: "The request body is larger than the server accepts.",
     422: "The request does not match the schema; the message names the field.",
-    503: "The state file cannot be written (a full disk, a read-only folder): nothing was "
-    "stored; the message says what to fix, and the request may be sent again once it is.",
+    429: "Too many requests from this token (or too many of its notice long-polls at once): "
+    "ask again after `Retry-After` seconds.",
+    503: "The server cannot take this now: it has as many connections open as it takes (ask "
+    "again after `Retry-After` seconds, on a new connection), or the state file cannot be "
+    "written (`state_unwritable`: a full disk, a read-only folder; nothing was stored, the "
+    "message says what to fix, and the request may be sent again once it is).",
 }
 _CODES = {
     400: "invalid_request",
@@ -120,8 +142,9 @@ _CODES = {
     409: "conflict",
     413: "payload_too_large",
     422: "invalid_request",
+    429: "rate_limited",
+    503: "unavailable",
     500: "internal",
-    503: "state_unwritable",
 }
 
 
@@ -172,7 +195,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
         def handler(_: Request, exc: Exception, status: int = status) -> JSONResponse:
             headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-            return error_response(status, str(exc), headers=headers)
+            code = "state_unwritable" if isinstance(exc, StateStoreError) else None
+            return error_response(status, str(exc), headers=headers, code=code)
 
         app.add_exception_handler(exc_type, handler)
 
@@ -195,6 +219,11 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(422, f"the body is not UTF-8 JSON ({exc.__cause__.reason})")
         return error_response(exc.status_code, str(exc.detail), headers=headers)
 
+    def on_rate_limited(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RateLimitedError)
+        return error_response(429, str(exc), headers={"Retry-After": exc.retry_after})
+
+    app.add_exception_handler(RateLimitedError, on_rate_limited)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
 
@@ -297,9 +326,149 @@ async def _manager(request: Request) -> QueueManagerProtocol:
 async def _caller(
     request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
 ) -> Principal:
-    authenticator: Authenticator = request.app.state.authenticator
-    return authenticator.authenticate(request.headers.get("authorization"))
+    """Who calls: found, counted and let in by `CallerShareMiddleware` (else 401 here)."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None:  # no valid token: the middleware let it through to be refused here
+        authenticator: Authenticator = request.app.state.authenticator
+        principal = authenticator.authenticate(request.headers.get("authorization"))
+        await _take(request.app.state.rate_limiter, principal)
+    return principal
+
+
+ANONYMOUS = "anonymous"
+"""The one bucket that the calls without a token (`/metrics`) share."""
+
+
+async def _anonymous(request: Request) -> None:
+    """A call without a token, once the callers without one have room for it (else 429)."""
+    await _take(request.app.state.rate_limiter, ANONYMOUS)
+
+
+REFUSAL_DELAY_S = 0.5
+"""A refused request is answered this long after it came: a client that asks again at once,
+whatever `Retry-After` says, asks twice a second per connection, not thousands of times, and
+the wait costs the server a timer on its event loop, no thread and no CPU."""
+
+
+async def _take(limiter: RateLimiter, key: Principal | str) -> None:
+    """Take a request from `key`'s bucket, or wait `REFUSAL_DELAY_S` and raise 429."""
+    wait_s = limiter.take(key)
+    if wait_s > 0:
+        await asyncio.sleep(REFUSAL_DELAY_S)
+        who = key.describe() if isinstance(key, Principal) else "the callers without a token"
+        left_s = max(0.0, wait_s - REFUSAL_DELAY_S)
+        raise RateLimitedError(
+            f"too many requests from {who}: at most {limiter.rate_per_s:g} a second "
+            f"({limiter.burst} at once); ask again in {max(1, math.ceil(left_s))} s",
+            left_s,
+        )
+
+
+class InFlight:
+    """At most `per_key` requests of one key in progress; the others wait their turn, first
+    come first served, in the event loop (no thread). One event loop only: no lock."""
+
+    def __init__(self, per_key: int) -> None:
+        self.per_key = per_key
+        self._held: dict[Hashable, int] = {}
+        self._waiting: dict[Hashable, deque[asyncio.Future[None]]] = {}
+
+    async def enter(self, key: Hashable) -> None:
+        if self._held.get(key, 0) < self.per_key and not self._waiting.get(key):
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, deque()).append(turn)
+        try:
+            await turn  # `leave` hands its slot over
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.leave(key)  # handed over as it was cancelled: hand it on
+            else:
+                self._waiting[key].remove(turn)
+                if not self._waiting[key]:
+                    del self._waiting[key]
+            raise
+
+    def leave(self, key: Hashable) -> None:
+        waiting = self._waiting.get(key)
+        while waiting:
+            turn = waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)  # the slot goes to the next, still held
+                if not waiting:
+                    del self._waiting[key]
+                return
+        self._waiting.pop(key, None)
+        held = self._held.get(key, 0) - 1
+        if held > 0:
+            self._held[key] = held
+        else:
+            self._held.pop(key, None)
+
+    def held(self, key: Hashable) -> int:
+        return self._held.get(key, 0)
+
+
+LONG_POLL_SUFFIX = "/notice"
+"""The notice long-poll: bounded by `[service] notice_polls`, not by the requests in flight."""
+
+
+class CallerShareMiddleware:
+    """Each caller's share of the server, before any routing: who calls (its token), whether its
+    bucket has room (else 429 after `REFUSAL_DELAY_S`), and at most `in_flight` of its requests
+    in progress at once, the others waiting their turn. Eight clients of one token in a loop then
+    compete with the other callers as a few requests do, not as eight.
+
+    A request without a valid token goes on, to be refused by the route (401); the caller found
+    here is the route's (`request.state.principal`).
+    """
+
+    def __init__(self, app: ASGIApp, in_flight: int) -> None:
+        self.app = app
+        self.in_flight = InFlight(in_flight)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        state = scope["app"].state
+        authenticator: Authenticator = state.authenticator
+        header = Headers(scope=scope).get("authorization")
+        try:
+            principal = authenticator.authenticate(header)
+        except AuthenticationError:
+            await self.app(scope, receive, send)
+            return
+        try:
+            await _take(state.rate_limiter, principal)
+        except RateLimitedError as refused:
+            headers = {"Retry-After": refused.retry_after}
+            await error_response(429, str(refused), headers=headers)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["principal"] = principal
+        if path.endswith(LONG_POLL_SUFFIX):
+            await self.app(scope, receive, send)
+            return
+        await self.in_flight.enter(principal)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight.leave(principal)
+
+
+ITEMS_PER_REQUEST = 50
+"""A listing costs its caller one request more for every this many items it returned."""
+
+
+def charge_listing(request: Request, principal: Principal, items: int) -> None:
+    """Charge a listing for the items it returned (a page of 500 costs 11 requests in all), so
+    that a client listing in a loop uses its own share up sooner, not the server's."""
+    limiter: RateLimiter = request.app.state.rate_limiter
+    limiter.charge(principal, items / ITEMS_PER_REQUEST)
 
 
 Manager = Annotated[QueueManagerProtocol, Depends(_manager)]
 Caller = Annotated[Principal, Depends(_caller)]
+Anonymous = Depends(_anonymous)

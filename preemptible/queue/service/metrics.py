@@ -41,6 +41,10 @@ CYCLE_QUANTILES = (0.5, 0.9, 0.99, 1.0)
 CYCLE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 """Buckets of the cycle duration histogram (the goal is a 20 ms median at 10,000 pending)."""
 
+STEP_GAP_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 1.25, 2.5, 5.0, 10.0)
+"""Buckets of the time between two steps of the loop: it steps every 0.2 s or sooner, and a
+cycle is due every second, so a gap over 1.25 s is a late cycle."""
+
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
 """Buckets of the API latency histogram; the last ones catch notice long-polls."""
 
@@ -145,9 +149,32 @@ class ManagerCollector:
                 buckets=[(_le(bound), float(n)) for bound, n in histogram.buckets],
                 sum_value=histogram.sum,
             )
+        yield from _loop_metrics(snapshot)
         signals = snapshot.get("signals")
         if isinstance(signals, StatsView):
             yield from _signal_metrics(signals)
+
+
+def _loop_metrics(snapshot: Mapping[str, Any]) -> Iterator[Metric]:
+    """The loop's health: its steps, cycles and failed steps, and the time between steps."""
+    for key, name, help_text in (
+        ("cycles", "cycles", "Cycles of the scheduling core since the manager started"),
+        ("loop_steps", "loop_steps", "Steps of the scheduling loop since the manager started"),
+        ("loop_step_failures", "loop_step_failures", "Steps of the loop that failed (retried)"),
+    ):
+        value = snapshot.get(key)
+        if isinstance(value, int):
+            family = CounterMetricFamily(f"{PREFIX}_{name}", help_text)
+            family.add_metric([], float(value))
+            yield family
+    gaps = snapshot.get("loop_step_gaps")
+    if isinstance(gaps, HistogramCounts):
+        yield HistogramMetricFamily(
+            f"{PREFIX}_loop_step_gap_seconds",
+            "Time from one step of the scheduling loop to the next (over 1.25 s: a late cycle)",
+            buckets=[(_le(bound), float(n)) for bound, n in gaps.buckets],
+            sum_value=gaps.sum,
+        )
 
 
 def _mapping(value: Any) -> Mapping[Any, Any]:
@@ -198,12 +225,49 @@ def _signal_metrics(stats: StatsView) -> Iterator[Metric]:
     yield window
 
 
+class ConnectionCounts(Protocol):
+    """What `/metrics` reads of the server's connection limits (`connections.ConnectionLimits`)."""
+
+    max_connections: int
+    open: int
+    refused: int
+
+
+class ConnectionCollector:
+    """The server's connections: open, at most, refused since start (when it has limits)."""
+
+    def __init__(self) -> None:
+        self.counts: ConnectionCounts | None = None
+        """Set by the server that applies the limits (`server.uvicorn_config`)."""
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.counts
+        if counts is None:
+            return
+        opened = GaugeMetricFamily("preemptible_api_connections", "HTTP connections open now")
+        opened.add_metric([], float(counts.open))
+        yield opened
+        most = GaugeMetricFamily(
+            "preemptible_api_connections_max", "HTTP connections the server takes at most"
+        )
+        most.add_metric([], float(counts.max_connections))
+        yield most
+        refused = CounterMetricFamily(
+            "preemptible_api_connections_refused",
+            "Connections answered 503 or reset because the server had its most open",
+        )
+        refused.add_metric([], float(counts.refused))
+        yield refused
+
+
 class ApiMetrics:
-    """One app's registry: the manager's collector and the API latency histogram."""
+    """One app's registry: the manager's collector, the connections and the API latency."""
 
     def __init__(self, source: MetricsSource) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(ManagerCollector(source))
+        self.connections = ConnectionCollector()
+        self.registry.register(self.connections)
         self.latency = Histogram(
             "preemptible_api_request_duration_seconds",
             "Time to answer an API request, by method, route template and status",

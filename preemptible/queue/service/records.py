@@ -9,7 +9,7 @@ from typing import Any
 from preemptible.queue.core import Job, Resources, Tier
 from preemptible.queue.core.negotiation import effective_save_s
 from preemptible.queue.service.executor import ProcessHandle
-from preemptible.queue.service.views import CostView, JobState, JobView
+from preemptible.queue.service.views import CostView, JobState, JobView, Principal, PrincipalKind
 
 _COST_FIELDS = tuple(
     f.name for f in dataclasses.fields(CostView) if f.name != "observed_exit_seconds"
@@ -80,6 +80,8 @@ class JobRecord:
     launch_error: str | None = None
     notice: SentNotice | None = None
     cancel_requested: bool = False
+    cancelled_by: Principal | None = None
+    """Who asked for the cancel, named in the 'cancelled' event once the job has exited."""
     runs: list[list[float]] = field(default_factory=list)
     """[start, end] of every attempt (end = -1 while it runs)."""
     waits: list[list[float]] = field(default_factory=list)
@@ -108,6 +110,10 @@ class JobRecord:
         values["tier"] = Tier.parse(doc["tier"])
         values["state"] = JobState(doc.get("state", JobState.PENDING))
         notice, cost, handle = doc.get("notice"), doc.get("cost"), doc.get("handle")
+        by = doc.get("cancelled_by")
+        values["cancelled_by"] = (
+            Principal(kind=PrincipalKind(by["kind"]), name=by["name"]) if by else None
+        )
         values["notice"] = SentNotice(**notice) if notice else None
         values["cost"] = (
             CostView(**{k: cost[k] for k in _COST_FIELDS if k in cost}) if cost else None
@@ -136,8 +142,20 @@ class JobRecord:
         )
 
     def view(self) -> JobView:
-        cost = dataclasses.replace(
-            self.cost or CostView(), observed_exit_seconds=self.observed_exit_s
+        """The job as the API shows it (a copy: the record may change after)."""
+        c = self.cost
+        cost = (
+            CostView(observed_exit_seconds=self.observed_exit_s)
+            if c is None
+            else CostView(
+                save_seconds_p95=c.save_seconds_p95,
+                stall_seconds_p95=c.stall_seconds_p95,
+                restore_seconds=c.restore_seconds,
+                bytes=c.bytes,
+                last_checkpoint_step=c.last_checkpoint_step,
+                last_checkpoint_time=c.last_checkpoint_time,
+                observed_exit_seconds=self.observed_exit_s,
+            )
         )
         return JobView(
             id=self.id,

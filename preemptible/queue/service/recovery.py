@@ -23,9 +23,8 @@ from preemptible.queue.service.views import JobState
 
 def recover(book: JobBook, runs: JobRuns, now: float) -> None:
     """Load every record from the state file and put each job back where it was."""
-    for job_id, token_hash, doc in book.store.load_jobs():
-        book.jobs[job_id] = JobRecord.from_doc(doc)
-        book.by_token[token_hash] = job_id
+    for seq, _, token_hash, doc in book.store.load_jobs():
+        book.add(seq, JobRecord.from_doc(doc), token_hash)
     lost_at = sorted((t, r.queue) for r in book.jobs.values() for t, _ in r.losses)
     for at, queue in lost_at:
         runs.preempted_at[queue].append(at)

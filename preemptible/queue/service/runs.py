@@ -34,7 +34,7 @@ from preemptible.queue.service.crash_points import crash_point
 from preemptible.queue.service.executor import Exit, ExitKind, LaunchSpec, ProcessExecutor
 from preemptible.queue.service.isolation import JobUser
 from preemptible.queue.service.records import JobRecord, SentNotice
-from preemptible.queue.service.views import JobState
+from preemptible.queue.service.views import JobState, Principal
 
 ACK_EXIT_S = 5.0
 """After a job says it has saved and is exiting, it gets this long before SIGKILL."""
@@ -58,6 +58,7 @@ class JobRuns:
         job_token: Callable[[str], str],
         renegotiate: Renegotiate,
         changed: threading.Condition,
+        notice_sent: threading.Condition,
         users: Mapping[str, JobUser] | None = None,
     ):
         self.config = config
@@ -71,6 +72,7 @@ class JobRuns:
         self.changed = changed
         self.users = dict(users or {})
         """Queue name -> the user its jobs run as; a queue not here runs them as the manager."""
+        self.notice_sent = notice_sent
         self.free_gpus = set(range(config.cluster.gpus))
         self.admissions: Counter[str] = Counter()
         self.preemption_counts: Counter[tuple[str, str]] = Counter()
@@ -155,9 +157,17 @@ class JobRuns:
         return self.log_dir / job_id / f"attempt-{attempt}.{what}"
 
     def send_notice(
-        self, record: JobRecord, now: float, reason: str, grace_s: float, for_job: str | None
+        self,
+        record: JobRecord,
+        now: float,
+        reason: str,
+        grace_s: float,
+        for_job: str | None,
+        *,
+        by: Principal | None = None,
     ) -> None:
-        """Store the notice, then SIGTERM the job's group (a restart sends one never sent)."""
+        """Store the notice, then SIGTERM the job's group (a restart sends one never sent);
+        `by` asked for it (a cancel), None when a cycle decided it."""
         record.notice = SentNotice(
             reason=reason, grace_s=grace_s, sent_at=now, deadline=now + grace_s, for_job=for_job
         )
@@ -165,7 +175,8 @@ class JobRuns:
         record.reason = reason
         with self.book.store.transaction() as db:
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
-            self.book.event(db, now, "notice", record, reason, {"grace_s": grace_s, "for": for_job})
+            data = {"grace_s": grace_s, "for": for_job}
+            self.book.event(db, now, "notice", record, reason, data, by=by)
         crash_point("noticed")
         if record.handle is not None:
             self.executor.terminate(record.handle)
@@ -173,6 +184,7 @@ class JobRuns:
             record.notice.signalled_at = now
             self.book.save(record)
         self.changed.notify_all()
+        self.notice_sent.notify_all()
 
     def leaving_after_ack(self) -> bool:
         """Whether a job that acked its notice is on its way out (its GPUs go on when gone)."""
@@ -238,7 +250,8 @@ class JobRuns:
             "acked": notice.acked_at is not None,
         }
         if record.cancel_requested:
-            self.finish(record, now, JobState.CANCELLED, "stopped on request", data)
+            by = record.cancelled_by
+            self.finish(record, now, JobState.CANCELLED, "stopped on request", data, by=by)
             return
         record.preemptions += 1
         record.last_preempted_at = notice.sent_at
@@ -260,8 +273,11 @@ class JobRuns:
         state: JobState,
         reason: str,
         data: dict[str, Any] | None = None,
+        *,
+        by: Principal | None = None,
     ) -> None:
-        """The job is over for good: completed, failed or cancelled, with the reason."""
+        """The job is over for good: completed, failed or cancelled, with the reason (and who
+        cancelled it)."""
         crash_point("finishing")
         record.state = state
         record.reason = f"{state.value}: {reason}"
@@ -269,7 +285,7 @@ class JobRuns:
         record.cancel_requested = False
         with self.book.store.transaction() as db:
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
-            self.book.event(db, now, state.value, record, reason, data)
+            self.book.event(db, now, state.value, record, reason, data, by=by)
 
 
 def _exit_words(ended: Exit) -> str:

@@ -17,10 +17,17 @@ from pathlib import Path
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
 from preemptible._env_names import LOG_LEVEL_ENV
 from preemptible.errors import ConfigError
 from preemptible.queue.core import QueueConfig, parse_config_text
+from preemptible.queue.service.connections import (
+    ConnectionLimits,
+    connection_limits,
+    guarded_protocol,
+    keep_alive_seconds,
+)
 from preemptible.queue.service.executor import ProcessExecutor
 from preemptible.queue.service.isolation import (
     JobUser,
@@ -29,6 +36,7 @@ from preemptible.queue.service.isolation import (
     make_not_dumpable,
     secure_state_dir,
 )
+from preemptible.queue.service.log_limits import quiet_repeats
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.store import Store
 
@@ -114,41 +122,58 @@ def run_server(
     users = job_users(config)
     warning = check_job_users(config, users, allow_jobs_as_root=allow_jobs_as_root)
     check_port(host, port)
+    logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"))
+    quiet_repeats()  # a storm of one error (a flood's refused accepts...) is logged as a count
+    limits = connection_limits(config.service)  # before the state file takes a descriptor
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     manager = build_manager(config, Path(state_dir), url=url, users=users)
     app = create_app(manager)
-    logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"))
     log = logging.getLogger("preemptible.queue")
     if warning is not None:
         log.warning("%s", warning)
     if dumpable:
         log.warning("cannot make this process undumpable (no prctl): its user can read its memory")
-    server = _StoppingServer(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-        ),
-        manager,
-    )
+    server = _StoppingServer(uvicorn_config(app, limits, host=host, port=port), manager)
     _quiet_garbage_collector()
     manager.start()
     log.info("job containment in force: %s", manager.executor.containment.why)
     log.info(
         "serving on %s: the dashboard at %s/ (sign in with a queue or the admin token), "
-        "the API under %s/v1",
+        "the API under %s/v1; at most %d connections (file descriptors: %d)",
         url,
         url,
         url,
+        limits.max_connections,
+        limits.fd_limit,
     )
     try:
         server.run()
     finally:
         manager.stop()
         manager.store.close()
+
+
+def uvicorn_config(
+    app: FastAPI, limits: ConnectionLimits, *, host: str, port: int, **more: object
+) -> uvicorn.Config:
+    """The server of `app` under `limits`: its connections counted and refused past the bound,
+    idle ones closed, the backlog sized with them (`connections.py`)."""
+    app.state.metrics.connections.counts = limits  # what /metrics reports
+    options: dict[str, object] = {
+        "log_level": "warning",
+        "access_log": False,
+        "timeout_graceful_shutdown": SHUTDOWN_GRACE_S,
+        **more,
+    }
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=guarded_protocol(limits),
+        backlog=limits.backlog,
+        timeout_keep_alive=keep_alive_seconds(limits),
+        **options,  # type: ignore[arg-type]
+    )
 
 
 GC_THRESHOLDS = (10_000, 20, 20)

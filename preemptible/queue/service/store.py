@@ -3,8 +3,10 @@
 Every change the manager makes is written here before it is acknowledged: a `201` for a
 submission means the job is in the file (`synchronous=FULL`: the WAL is fsynced at each
 commit). A job is one row holding its record as JSON, plus the columns the manager looks up by;
-the audit log is a table of its own, and so are the samples of the four signals (one a minute
-for the last day, `history.py`); a file written before that table existed gets it when opened.
+the audit log is a table of its own, each event with who asked for it (the kind and name of the
+caller's token, none for the manager's own decisions), and so are the samples of the four
+signals (one a minute for the last day, `history.py`); a file written before that table or those
+columns existed gets them when opened.
 The file carries its schema version: a file written by a newer version, or one that is not a
 database, is refused with a clear error and never overwritten. One manager at a time: the state
 folder is locked (`flock` on `queue.lock`, released when the process ends however it ends), and
@@ -24,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from preemptible.errors import StateStoreError
 
@@ -51,11 +53,29 @@ CREATE TABLE IF NOT EXISTS events (
     job_id TEXT,
     queue TEXT,
     reason TEXT NOT NULL,
-    data TEXT NOT NULL
+    data TEXT NOT NULL,
+    actor_kind TEXT,
+    actor_name TEXT
 );
 CREATE INDEX IF NOT EXISTS events_job ON events (job_id);
 CREATE TABLE IF NOT EXISTS signal_samples (at REAL PRIMARY KEY, doc TEXT NOT NULL);
 """
+_ADDED_COLUMNS = (("events", "actor_kind", "TEXT"), ("events", "actor_name", "TEXT"))
+"""Columns added since the schema's first version: a file without them gains them (NULL)."""
+
+
+class EventRow(NamedTuple):
+    """One entry of the audit log as stored."""
+
+    id: int
+    at: float
+    kind: str
+    job_id: str | None
+    queue: str | None
+    reason: str
+    data: dict[str, Any]
+    by: tuple[str, str] | None
+    """(kind, name) of the token that asked for it; None for the manager's own decisions."""
 
 
 class Store:
@@ -110,6 +130,10 @@ class Store:
             )
         try:
             db.executescript(_SCHEMA)
+            for table, column, kind in _ADDED_COLUMNS:
+                have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             db.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
                 (str(SCHEMA_VERSION),),
@@ -196,12 +220,14 @@ class Store:
             row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name='jobs'").fetchone()
         return (row[0] if row else 0) + 1
 
-    def load_jobs(self) -> list[tuple[str, str, Any]]:
-        """(id, token hash, record) of every job, in submission order."""
+    def load_jobs(self) -> list[tuple[int, str, str, Any]]:
+        """(sequence number, id, token hash, record) of every job, in submission order."""
         with self._lock:
-            rows = self._db.execute("SELECT id, token_hash, doc FROM jobs ORDER BY seq").fetchall()
+            rows = self._db.execute(
+                "SELECT seq, id, token_hash, doc FROM jobs ORDER BY seq"
+            ).fetchall()
         try:
-            return [(r[0], r[1], json.loads(r[2])) for r in rows]
+            return [(r[0], r[1], r[2], json.loads(r[3])) for r in rows]
         except json.JSONDecodeError as exc:
             raise StateStoreError(f"{self.path} holds a damaged job record: {exc}") from None
 
@@ -217,10 +243,14 @@ class Store:
         queue: str | None,
         reason: str,
         data: dict[str, Any] | None = None,
+        by: tuple[str, str] | None = None,
     ) -> int:
+        """Add an event; `by` is the (kind, name) of the token that asked for it."""
+        actor_kind, actor_name = by if by is not None else (None, None)
         cur = db.execute(
-            "INSERT INTO events (at, kind, job_id, queue, reason, data) VALUES (?, ?, ?, ?, ?, ?)",
-            (at, kind, job_id, queue, reason, json.dumps(data or {})),
+            "INSERT INTO events (at, kind, job_id, queue, reason, data, actor_kind, actor_name) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (at, kind, job_id, queue, reason, json.dumps(data or {}), actor_kind, actor_name),
         )
         return int(cur.lastrowid or 0)
 
@@ -231,9 +261,12 @@ class Store:
         queue: str | None = None,
         job_id: str | None = None,
         limit: int = 1000,
-    ) -> list[tuple[int, float, str, str | None, str | None, str, dict[str, Any]]]:
+    ) -> list[EventRow]:
         """Events after id `since`, oldest first, optionally of one queue or one job."""
-        sql = "SELECT id, at, kind, job_id, queue, reason, data FROM events WHERE id > ?"
+        sql = (
+            "SELECT id, at, kind, job_id, queue, reason, data, actor_kind, actor_name "
+            "FROM events WHERE id > ?"
+        )
         args: list[Any] = [since]
         if queue is not None:
             sql += " AND queue = ?"
@@ -245,7 +278,19 @@ class Store:
         args.append(limit)
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
-        return [(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6])) for r in rows]
+        return [
+            EventRow(
+                id=r[0],
+                at=r[1],
+                kind=r[2],
+                job_id=r[3],
+                queue=r[4],
+                reason=r[5],
+                data=json.loads(r[6]),
+                by=None if r[7] is None else (r[7], r[8] or ""),
+            )
+            for r in rows
+        ]
 
     # --- samples of the four signals ----------------------------------------------------------
 

@@ -34,6 +34,48 @@ class JobState(enum.StrEnum):
         return self in (JobState.RUNNING, JobState.PREEMPTING)
 
 
+class PrincipalKind(enum.StrEnum):
+    """What a token stands for."""
+
+    ADMIN = "admin"
+    QUEUE = "queue"
+    JOB = "job"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Principal:
+    """An authenticated caller: the admin, a queue (by name) or a job (by id); in the audit
+    log, who asked for a change (`auth.py` finds it from the token)."""
+
+    kind: PrincipalKind
+    name: str
+    """"admin", the queue's name or the job's id."""
+
+    def may_act_for_queue(self, queue: str) -> bool:
+        """True for the admin and for the queue's own token."""
+        return self.kind is PrincipalKind.ADMIN or (
+            self.kind is PrincipalKind.QUEUE and self.name == queue
+        )
+
+    def describe(self) -> str:
+        """Words for error messages ("the token of queue 'team-a'")."""
+        if self.kind is PrincipalKind.ADMIN:
+            return "the admin token"
+        return f"the token of {self.kind.value} {self.name!r}"
+
+
+ADMIN = Principal(kind=PrincipalKind.ADMIN, name="admin")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TokenOwner:
+    """The job a job's own token belongs to, and its state (`job_for_token`): once the job
+    has finished, its token is refused."""
+
+    job_id: str
+    state: JobState
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SubmitRequest:
     """`POST /v1/jobs`: what a team asks to run."""
@@ -137,6 +179,9 @@ class EventView:
     queue: str | None
     reason: str
     data: dict[str, Any] = field(default_factory=dict)
+    by: Principal | None = None
+    """Who asked for it (the admin, a queue's token, a job's token); None: the manager itself
+    (a cycle's admission or notice, an exit, a restart)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -26,6 +26,12 @@ function graceBar(notice) {
   return bar;
 }
 
+function who(by) {
+  // The token that asked for the event; "-" for the manager's own decisions.
+  if (!by) return "-";
+  return by.kind === "admin" ? "admin" : `${by.kind}:${by.name}`;
+}
+
 function outcome(notice) {
   if (notice.took_s === null) return "leaving…";
   if (notice.killed) return "killed at the deadline";
@@ -80,7 +86,7 @@ export function renderJob(detail) {
   const checkpoints = detail.checkpoints.map((c) => [clock(c.at), c.step === null ? "-" : String(c.step), c.after_notice ? "ack of the notice" : ""]);
   const timeline = detail.timeline.map((e) => ({
     attrs: { "data-kind": e.kind },
-    cells: [clock(e.at), el("span", { class: `kind ${e.kind}`, text: e.kind }), el("td", { class: "reason", text: e.reason })],
+    cells: [clock(e.at), el("span", { class: `kind ${e.kind}`, text: e.kind }), who(e.by), el("td", { class: "reason", text: e.reason })],
   }));
   const log = el("pre", { class: "log", id: "job-log", text: detail.log.text || "(no output yet)" });
 
@@ -98,7 +104,7 @@ export function renderJob(detail) {
     section(`Checkpoints (${detail.checkpoints_total})`, checkpoints.length
       ? grid(["at", "step", ""], checkpoints)
       : el("p", { class: "note", text: "None reported to the manager." })),
-    section("Timeline", grid(["at", "event", "reason"], timeline, "job-timeline")),
+    section("Timeline", grid(["at", "event", "by", "reason"], timeline, "job-timeline")),
     section(detail.log.truncated ? "Output (the end)" : "Output", log),
   );
   log.scrollTop = log.scrollHeight; // the newest lines in view

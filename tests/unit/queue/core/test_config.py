@@ -208,3 +208,41 @@ def test_example_config_parses():
     text = (Path(__file__).parents[4] / "examples" / "queue.toml").read_text()
     cfg = parse_config_text(text)
     assert len(cfg.queues) >= 2
+
+
+def test_the_service_tables_limits_parse_and_default():
+    from preemptible.queue.core import ServiceSettings
+
+    base = '[cluster]\ngpus = 1\n[[queues]]\nname = "a"\n'
+    assert parse_config_text(base).service == ServiceSettings()
+    text = base + (
+        '[service]\nadmin_token = "env:X"\nrate = 2.5\nburst = 10\nmax_connections = 64\n'
+        'keep_alive = "2s"\nbacklog = 16\nnotice_polls = 1\nin_flight = 2\n'
+    )
+    config = parse_config_text(text)
+    assert config.admin_token == "env:X"
+    assert config.service == ServiceSettings(
+        rate_per_s=2.5,
+        burst=10,
+        max_connections=64,
+        keep_alive_s=2.0,
+        backlog=16,
+        notice_polls=1,
+        in_flight=2,
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("rate = 0", "service.rate: must be more than 0"),
+        ("burst = 0", "service.burst: must be at least 1"),
+        ("max_connections = 1.5", "service.max_connections: expected a whole number"),
+        ('keep_alive = "0s"', "service.keep_alive: must be longer than 0s"),
+        ("notice_poll = 2", "unknown key 'notice_poll'"),
+    ],
+)
+def test_bad_service_limits_name_the_key(line, message):
+    text = f'[cluster]\ngpus = 1\n[[queues]]\nname = "a"\n[service]\n{line}\n'
+    with pytest.raises(ConfigError, match=message):
+        parse_config_text(text)

@@ -3,13 +3,15 @@
 `FakeQueueManager` has the methods `http_edge.QueueManagerProtocol` names and raises the same errors
 as `manager.QueueManager`; it schedules nothing. Tests move jobs along by hand (`start`,
 `notify`, `finish`) and read what the API passed on (`cost_reports`, `checkpoints`,
-`notice_waits`). `LiveServer` runs an app under uvicorn on a free loopback port in a thread,
-so the tests speak real HTTP.
+`notice_waits`). `InertExecutor` stands in for the real manager's executor: it launches
+nothing, and a run lasts until it is told to go. `live_server` runs an app under uvicorn on a
+free loopback port in a thread, so the tests speak real HTTP.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import secrets
 import socket
@@ -26,8 +28,11 @@ from fastapi import FastAPI
 
 from preemptible.errors import JobNotFoundError, JobStateError, RequestError
 from preemptible.queue.core import QueueConfig, negotiate, parse_config_text
+from preemptible.queue.service.connections import ConnectionLimits
+from preemptible.queue.service.executor import Exit, ExitKind, LaunchSpec, ProcessHandle
 from preemptible.queue.service.history import SignalSample
 from preemptible.queue.service.metrics import DurationHistogram
+from preemptible.queue.service.server import uvicorn_config
 from preemptible.queue.service.views import (
     CostView,
     EventView,
@@ -35,10 +40,12 @@ from preemptible.queue.service.views import (
     JobView,
     NegotiationView,
     NoticeView,
+    Principal,
     QueueView,
     SignalsView,
     StatsView,
     SubmitRequest,
+    TokenOwner,
     WhyView,
     finite_or_none,
 )
@@ -105,10 +112,13 @@ class FakeQueueManager:
         self.notice_waits: list[tuple[str, float]] = []
         self.fail_with: Exception | None = None
         """Raised by every call while set: a manager bug, as the API sees it."""
+        self.gate: threading.Event | None = None
+        """While set, `queues` waits for it to open (a slow request), counting who waits."""
+        self.at_gate = 0
 
     # --- the manager's surface -----------------------------------------------------------------
 
-    def submit(self, req: SubmitRequest) -> JobView:
+    def submit(self, req: SubmitRequest, *, by: Principal | None = None) -> JobView:
         self._maybe_fail()
         queues = {q.name for q in self.config.queues}
         if req.queue not in queues:
@@ -146,20 +156,31 @@ class FakeQueueManager:
             token = secrets.token_urlsafe(24)
             self._jobs[job_id] = _Job(view=view, token=token)
             self._by_token[token] = job_id
-            self._event("submitted", view, "submitted", {"gpus": req.gpus})
+            self._event("submitted", view, "submitted", {"gpus": req.gpus}, by=by)
             return view
 
     def list_jobs(
-        self, *, queue: str | None = None, state: JobState | None = None
+        self,
+        *,
+        queue: str | None = None,
+        state: JobState | None = None,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[JobView]:
         self._maybe_fail()
         with self._changed:
-            return [
-                j.view
-                for j in self._jobs.values()
-                if (queue is None or j.view.queue == queue)
-                and (state is None or j.view.state == state)
+            jobs = list(self._jobs)  # submission order
+            if after is not None:
+                if after not in self._jobs:
+                    raise RequestError(f"after: no job {after!r} to list after; give a job's id")
+                jobs = jobs[jobs.index(after) + 1 :]
+            found = [
+                self._jobs[job_id].view
+                for job_id in jobs
+                if (queue is None or self._jobs[job_id].view.queue == queue)
+                and (state is None or self._jobs[job_id].view.state == state)
             ]
+            return found if limit is None else found[:limit]
 
     def get_job(self, job_id: str) -> JobView:
         self._maybe_fail()
@@ -171,14 +192,14 @@ class FakeQueueManager:
         with self._changed:
             return self._get(job_id).view.queue
 
-    def cancel(self, job_id: str) -> JobView:
+    def cancel(self, job_id: str, *, by: Principal | None = None) -> JobView:
         self._maybe_fail()
         with self._changed:
             job = self._get(job_id)
             if job.view.state.finished:
                 raise JobStateError(f"job {job_id} has already {job.view.state}")
             self._set(job, state=JobState.CANCELLED, finished_at=self.clock(), reason="cancelled")
-            self._event("cancelled", job.view, "cancelled by request")
+            self._event("cancelled", job.view, "cancelled by request", by=by)
             return job.view
 
     def why(self, job_id: str) -> WhyView:
@@ -200,7 +221,9 @@ class FakeQueueManager:
                 clamped=[c.reason for c in terms.clamped],
             )
 
-    def report_cost(self, job_id: str, cost: CostView) -> NegotiationView:
+    def report_cost(
+        self, job_id: str, cost: CostView, *, by: Principal | None = None
+    ) -> NegotiationView:
         self._maybe_fail()
         with self._changed:
             job = self._get(job_id)
@@ -209,6 +232,7 @@ class FakeQueueManager:
             self.cost_reports.append((job_id, cost))
             grace = min(600.0, max(30.0, 1.5 * (cost.save_seconds_p95 or 0.0) + 10.0))
             self._set(job, cost=cost, grace_s=grace)
+            self._event("negotiated", job.view, f"grace {grace:g} s", {"grace_s": grace}, by=by)
             return NegotiationView(
                 grace_s=grace, min_runtime_s=300.0, checkpoint_interval_hint_s=None
             )
@@ -225,17 +249,25 @@ class FakeQueueManager:
                     return notice
                 self._changed.wait(timeout=left)
 
-    def checkpointed(self, job_id: str, *, step: int, at: float | None) -> None:
+    def checkpointed(
+        self, job_id: str, *, step: int, at: float | None, by: Principal | None = None
+    ) -> None:
         self._maybe_fail()
         with self._changed:
             job = self._get(job_id)
             if job.view.state not in (JobState.RUNNING, JobState.PREEMPTING):
                 raise JobStateError(f"job {job_id} is {job.view.state}, not running")
             self.checkpoints.append((job_id, step, at))
-            self._event("checkpointed", job.view, "saved", {"step": step})
+            self._event("checkpointed", job.view, "saved", {"step": step}, by=by)
 
     def queues(self) -> list[QueueView]:
         self._maybe_fail()
+        gate = self.gate
+        if gate is not None:
+            with self._changed:
+                self.at_gate += 1
+                self._changed.notify_all()
+            gate.wait(timeout=30)
         with self._changed:
             views = []
             for q in self.config.queues:
@@ -300,10 +332,13 @@ class FakeQueueManager:
         now = self.clock()
         return [SignalSample(at=at, stats=self.stats()) for at in (now - 60.0, now) if at > since]
 
-    def job_for_token(self, token: str) -> str | None:
+    def job_for_token(self, token: str) -> TokenOwner | None:
         self._maybe_fail()
         with self._changed:
-            return self._by_token.get(token)
+            job_id = self._by_token.get(token)
+            if job_id is None:
+                return None
+            return TokenOwner(job_id=job_id, state=self._jobs[job_id].view.state)
 
     def metrics_snapshot(self) -> dict[str, Any]:
         self._maybe_fail()
@@ -392,7 +427,13 @@ class FakeQueueManager:
         job.view = dataclasses.replace(job.view, **changes)
 
     def _event(
-        self, kind: str, view: JobView, reason: str, data: Mapping[str, Any] | None = None
+        self,
+        kind: str,
+        view: JobView,
+        reason: str,
+        data: Mapping[str, Any] | None = None,
+        *,
+        by: Principal | None = None,
     ) -> None:
         self._events.append(
             EventView(
@@ -403,6 +444,7 @@ class FakeQueueManager:
                 queue=view.queue,
                 reason=reason,
                 data=dict(data or {}),
+                by=by,
             )
         )
 
@@ -422,6 +464,34 @@ def _signals(**values: Any) -> SignalsView:
     return SignalsView(**(base | values))
 
 
+class InertExecutor:
+    """Launches nothing; a run lasts until it is terminated or killed."""
+
+    def __init__(self) -> None:
+        self._pids = itertools.count(10_000_000)
+        self._gone: set[int] = set()
+        self._lock = threading.Lock()
+
+    def launch(self, spec: LaunchSpec) -> ProcessHandle:
+        return ProcessHandle(pid=next(self._pids), start_ticks=0, status_path=str(spec.status_path))
+
+    def poll(self, handle: ProcessHandle) -> Exit | None:
+        with self._lock:
+            if handle.pid not in self._gone:
+                return None
+        return Exit(exit_code=143, signal=None, ended_at=None, how=ExitKind.EXITED)
+
+    def terminate(self, handle: ProcessHandle) -> None:
+        with self._lock:
+            self._gone.add(handle.pid)
+
+    kill = terminate
+
+    def alive(self, handle: ProcessHandle) -> bool:
+        with self._lock:
+            return handle.pid not in self._gone
+
+
 class _ThreadServer(uvicorn.Server):
     """uvicorn that says when it is listening; run it in a thread (no signal handlers)."""
 
@@ -435,15 +505,19 @@ class _ThreadServer(uvicorn.Server):
 
 
 @contextmanager
-def live_server(app: FastAPI) -> Iterator[str]:
-    """Serve `app` on 127.0.0.1 and a free port; yields the base URL."""
+def live_server(app: FastAPI, limits: ConnectionLimits | None = None) -> Iterator[str]:
+    """Serve `app` on 127.0.0.1 and a free port; yields the base URL. With `limits`, as `queue
+    serve` does (`server.uvicorn_config`): connections counted, refused and closed when idle."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = _ThreadServer(
-        uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
-    )
+    options: dict[str, Any] = {"lifespan": "off", "timeout_graceful_shutdown": 1}
+    if limits is None:
+        config = uvicorn.Config(app, log_level="warning", **options)
+    else:
+        config = uvicorn_config(app, limits, host="127.0.0.1", port=port, **options)
+    server = _ThreadServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     if not server.ready.wait(timeout=20):

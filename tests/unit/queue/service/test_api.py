@@ -99,8 +99,8 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None)
 
 QUEUE_OR_ADMIN = {"admin": True, "own": True, "other": False, "job": False, "other-job": False}
 JOB_ONLY = {"admin": False, "own": False, "other": False, "job": True, "other-job": False}
-ANY_TOKEN = dict.fromkeys(QUEUE_OR_ADMIN, True)
 LISTING = {"admin": True, "own": True, "other": True, "job": False, "other-job": False}
+"""Any queue's token or the admin's; never a job's, which acts on its own job only."""
 
 # name: (method, path, body, success status, who may call it)
 ENDPOINTS: dict[str, tuple[str, str, dict[str, Any] | None, int, dict[str, bool]]] = {
@@ -114,15 +114,15 @@ ENDPOINTS: dict[str, tuple[str, str, dict[str, Any] | None, int, dict[str, bool]
     "cost": ("POST", "/v1/jobs/{id}/cost", {"save_seconds_p95": 5.0}, 200, JOB_ONLY),
     "notice": ("GET", "/v1/jobs/{id}/notice?wait=0", None, 200, JOB_ONLY),
     "checkpointed": ("POST", "/v1/jobs/{id}/checkpointed", {"step": 10}, 200, JOB_ONLY),
-    "queues": ("GET", "/v1/queues", None, 200, ANY_TOKEN),
-    "stats": ("GET", "/v1/stats", None, 200, ANY_TOKEN),
+    "queues": ("GET", "/v1/queues", None, 200, LISTING),
+    "stats": ("GET", "/v1/stats", None, 200, LISTING),
     "events": ("GET", "/v1/events", None, 200, LISTING),
     "events-queue": ("GET", "/v1/events?queue=team-a", None, 200, QUEUE_OR_ADMIN),
     # the dashboard's answers (dashboard_api.py)
     "dashboard": ("GET", "/v1/dashboard", None, 200, LISTING),
     "dashboard-queue": ("GET", "/v1/dashboard?queue=team-a", None, 200, QUEUE_OR_ADMIN),
     "detail": ("GET", "/v1/jobs/{id}/detail", None, 200, QUEUE_OR_ADMIN),
-    "signal-history": ("GET", "/v1/signals/history", None, 200, ANY_TOKEN),
+    "signal-history": ("GET", "/v1/signals/history", None, 200, LISTING),
 }
 
 
@@ -198,6 +198,35 @@ def test_a_queue_token_lists_only_its_own_queues_jobs_and_events(
     assert "team-a" in message
 
 
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/queues", "/v1/stats", "/v1/signals/history", "/v1/dashboard", "/v1/jobs", "/v1/events"],
+)
+def test_a_job_token_acts_on_its_own_job_only(
+    http: httpx.Client, fake: FakeQueueManager, path: str
+) -> None:
+    job = running_job(fake)
+    message = assert_error(http.get(path, headers=job_headers(fake, job)), 403, "forbidden")
+    assert f"job {job.id!r}" in message and "its own job only" in message
+
+
+def test_a_job_token_expires_when_its_job_has_finished(
+    http: httpx.Client, fake: FakeQueueManager
+) -> None:
+    job = running_job(fake)
+    headers = job_headers(fake, job)
+    assert http.get(f"/v1/jobs/{job.id}/notice", headers=headers).status_code == 200
+    fake.finish(job.id)
+    for method, path, body in (
+        ("GET", "notice", None),
+        ("POST", "cost", {"save_seconds_p95": 1.0}),
+        ("POST", "checkpointed", {"step": 1}),
+    ):
+        response = http.request(method, f"/v1/jobs/{job.id}/{path}", json=body, headers=headers)
+        message = assert_error(response, 401, "unauthenticated")
+        assert message.startswith("this job has finished; its token expired"), message
+
+
 def test_a_queue_token_cannot_submit_to_another_queue(http: httpx.Client) -> None:
     response = http.post("/v1/jobs", json={"queue": "team-a", "command": ["x"]}, headers=TEAM_B)
     assert "team-a" in assert_error(response, 403, "forbidden")
@@ -267,6 +296,43 @@ def test_list_filters_by_state(http: httpx.Client, fake: FakeQueueManager) -> No
     assert_error(http.get("/v1/jobs", params={"state": "lost"}, headers=ADMIN), 422)
 
 
+def pages(http: httpx.Client, path: str, **params: Any) -> list[list[dict[str, Any]]]:
+    """Every page of a listing, following each answer's `Link: <...>; rel="next"`."""
+    found = []
+    response = http.get(path, params=params, headers=ADMIN)
+    while True:
+        assert response.status_code == 200, response.text
+        found.append(response.json())
+        if "next" not in response.links:
+            return found
+        response = http.get(response.links["next"]["url"], headers=ADMIN)
+
+
+def test_jobs_come_a_page_at_a_time_oldest_first(
+    http: httpx.Client, fake: FakeQueueManager
+) -> None:
+    ours = [fake.submit(SubmitRequest(queue="team-b", command=["x"])).id for _ in range(1100)]
+    listed = pages(http, "/v1/jobs", queue="team-b")
+    assert [len(page) for page in listed[:2]] == [api.DEFAULT_PAGE] * 2  # the default page
+    ids = [j["id"] for page in listed for j in page]
+    assert len(ids) == len(set(ids)) and ids[-len(ours) :] == ours  # each once, in order
+    assert [len(p) for p in pages(http, "/v1/jobs", queue="team-b", limit=1000)][:1] == [1000]
+    assert_error(http.get("/v1/jobs", params={"limit": 1001}, headers=ADMIN), 422)
+    mine = pages(http, "/v1/jobs", queue="team-b", after=ours[-3])
+    assert [j["id"] for page in mine for j in page] == ours[-2:]
+    assert "j-none" in assert_error(http.get("/v1/jobs?after=j-none", headers=ADMIN), 400)
+
+
+def test_events_come_a_page_at_a_time(http: httpx.Client, fake: FakeQueueManager) -> None:
+    for _ in range(api.DEFAULT_PAGE + 10):
+        fake.submit(SubmitRequest(queue="team-b", command=["x"]))
+    listed = pages(http, "/v1/events", queue="team-b")
+    assert len(listed[0]) == api.DEFAULT_PAGE and len(listed) >= 2
+    ids = [e["id"] for page in listed for e in page]
+    assert ids == sorted(set(ids)) and len(ids) == len(fake.events(queue="team-b", limit=10**9))
+    assert_error(http.get("/v1/events", params={"limit": api.MAX_PAGE + 1}, headers=ADMIN), 422)
+
+
 def test_get_shows_the_job(http: httpx.Client, fake: FakeQueueManager) -> None:
     job = running_job(fake, gpus=1)
     got = http.get(f"/v1/jobs/{job.id}", headers=TEAM_A).json()
@@ -317,13 +383,11 @@ def job_headers(fake: FakeQueueManager, job: JobView) -> dict[str, str]:
     return bearer(fake.job_token(job.id))
 
 
-def test_cost_and_checkpointed_after_the_job_finished_are_409(
+def test_checkpointed_of_a_job_that_is_not_running_is_409(
     http: httpx.Client, fake: FakeQueueManager
 ) -> None:
-    job = running_job(fake)
-    fake.finish(job.id)
+    job = fake.submit(SubmitRequest(queue="team-a", command=["x"]))  # pending: no process
     headers = job_headers(fake, job)
-    assert_error(http.post(f"/v1/jobs/{job.id}/cost", json={}, headers=headers), 409)
     response = http.post(f"/v1/jobs/{job.id}/checkpointed", json={"step": 1}, headers=headers)
     assert_error(response, 409, "conflict")
 
@@ -444,7 +508,7 @@ def test_queues_and_stats(http: httpx.Client, fake: FakeQueueManager) -> None:
     queues = http.get("/v1/queues", headers=TEAM_B).json()
     assert [q["name"] for q in queues] == ["team-a", "team-b"]
     assert set(queues[0]) == {f.name for f in dataclasses.fields(QueueView)}
-    stats = http.get("/v1/stats", headers=job_headers(fake, running_job(fake))).json()
+    stats = http.get("/v1/stats", headers=TEAM_A).json()
     assert set(stats["queues"]) == {"team-a", "team-b"}
     assert set(stats["overall"]) == {f.name for f in dataclasses.fields(SignalsView)}
     assert stats["queues"]["team-b"]["p95_wait_s"] == 120.0
@@ -453,7 +517,7 @@ def test_queues_and_stats(http: httpx.Client, fake: FakeQueueManager) -> None:
 def test_signal_history_is_the_managers_samples_after_since(
     http: httpx.Client, fake: FakeQueueManager
 ) -> None:
-    samples = http.get("/v1/signals/history", headers=job_headers(fake, running_job(fake))).json()
+    samples = http.get("/v1/signals/history", headers=TEAM_A).json()
     assert [set(s) for s in samples] == [{"at", "stats"}] * 2
     assert samples[1]["stats"]["queues"]["team-b"]["p95_wait_s"] == 120.0
     since = {"since": samples[1]["at"] - 1.0}
@@ -698,6 +762,9 @@ def test_the_schema_documents_the_errors_of_every_route(app: FastAPI) -> None:
     for path, operations in schema["paths"].items():
         for method, operation in operations.items():
             codes = set(operation["responses"])
+            if path.startswith("/v1/") or path == "/metrics":
+                assert "429" in codes, (method, path)  # every caller has a rate limit
+            assert "503" in codes, (method, path)  # the server may have its most connections
             if path.startswith("/v1/"):
                 assert {"401", "403"} <= codes, (method, path)
                 assert operation["security"] == [{"HTTPBearer": []}]

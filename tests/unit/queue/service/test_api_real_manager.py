@@ -11,9 +11,7 @@ second.
 
 from __future__ import annotations
 
-import itertools
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,41 +21,11 @@ import schemathesis
 
 from preemptible.queue.service.app import create_app
 from preemptible.queue.service.auth import resolve_tokens
-from preemptible.queue.service.executor import Exit, ExitKind, LaunchSpec, ProcessHandle
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.store import Store
 from preemptible.queue.service.views import SubmitRequest
 
-from .fake_manager import ADMIN_TOKEN, ENVIRON, make_config
-
-
-class InertExecutor:
-    """Launches nothing; a run lasts until it is terminated or killed."""
-
-    def __init__(self) -> None:
-        self._pids = itertools.count(10_000_000)
-        self._gone: set[int] = set()
-        self._lock = threading.Lock()
-
-    def launch(self, spec: LaunchSpec) -> ProcessHandle:
-        return ProcessHandle(pid=next(self._pids), start_ticks=0, status_path=str(spec.status_path))
-
-    def poll(self, handle: ProcessHandle) -> Exit | None:
-        with self._lock:
-            if handle.pid not in self._gone:
-                return None
-        return Exit(exit_code=143, signal=None, ended_at=None, how=ExitKind.EXITED)
-
-    def terminate(self, handle: ProcessHandle) -> None:
-        with self._lock:
-            self._gone.add(handle.pid)
-
-    kill = terminate
-
-    def alive(self, handle: ProcessHandle) -> bool:
-        with self._lock:
-            return handle.pid not in self._gone
-
+from .fake_manager import ADMIN_TOKEN, ENVIRON, InertExecutor, make_config
 
 _state = Path(tempfile.mkdtemp(prefix="schema-real-manager-"))
 _manager = QueueManager(

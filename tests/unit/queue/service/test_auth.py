@@ -13,12 +13,11 @@ from preemptible.queue.core import parse_config_text
 from preemptible.queue.service.auth import (
     AuthenticationError,
     Authenticator,
-    Principal,
-    PrincipalKind,
     Tokens,
     bearer_token,
     resolve_tokens,
 )
+from preemptible.queue.service.views import JobState, Principal, PrincipalKind, TokenOwner
 
 from .fake_manager import (
     ADMIN_TOKEN,
@@ -98,7 +97,11 @@ def test_reprs_never_show_a_token() -> None:
 @pytest.fixture
 def authenticator() -> Authenticator:
     tokens = Tokens(admin=ADMIN_TOKEN, queues={"team-a": TEAM_A_TOKEN, "team-b": TEAM_B_TOKEN})
-    return Authenticator(tokens, {"job-token-1": "j1"}.get)
+    owners = {
+        "job-token-1": TokenOwner(job_id="j1", state=JobState.RUNNING),
+        "job-token-2": TokenOwner(job_id="j2", state=JobState.COMPLETED),
+    }
+    return Authenticator(tokens, owners.get)
 
 
 @pytest.mark.parametrize(
@@ -130,6 +133,11 @@ def test_authenticate_refuses_missing_and_unknown_tokens(
     assert TEAM_A_TOKEN not in str(err.value) and "nope" not in str(err.value)
 
 
+def test_the_token_of_a_finished_job_has_expired(authenticator: Authenticator) -> None:
+    with pytest.raises(AuthenticationError, match="this job has finished; its token expired"):
+        authenticator.authenticate("Bearer job-token-2")
+
+
 def test_a_token_prefix_or_extension_is_not_a_match(authenticator: Authenticator) -> None:
     for near in (TEAM_A_TOKEN[:-1], TEAM_A_TOKEN + "x", TEAM_A_TOKEN.upper()):
         with pytest.raises(AuthenticationError):
@@ -156,7 +164,7 @@ def test_every_configured_token_is_compared_whichever_matches(
 def test_a_static_token_does_not_ask_the_manager() -> None:
     asked: list[str] = []
 
-    def job_for_token(token: str) -> str | None:
+    def job_for_token(token: str) -> TokenOwner | None:
         asked.append(token)
         return None
 

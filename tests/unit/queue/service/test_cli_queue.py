@@ -226,7 +226,7 @@ def test_why_shows_a_claim_counted_as_less(cli: RunCli, fake: FakeQueueManager) 
     first, clamp, *history = cli("why", job.id).stdout.splitlines()
     assert first.startswith(f"{job.id}: running: ")
     assert clamp == "  claimed restore 604800 s, counted as 1800 s (max_claimed_restore)"
-    assert "admitted" in history[0]
+    assert [line.split()[2] for line in history] == ["negotiated", "admitted", "submitted"]
     answer = json.loads(cli("why", job.id, "--json").stdout)
     assert answer["clamped"] == [clamp.strip()]
 
@@ -259,6 +259,35 @@ def test_events_print_one_line_each(cli: RunCli, fake: FakeQueueManager) -> None
     assert [e["kind"] for e in json.loads(cli("events", "--job", job.id, "--json").stdout)] == [
         "submitted",
         "admitted",
+    ]
+
+
+def test_status_and_events_follow_the_pages_to_the_end(cli: RunCli, fake: FakeQueueManager) -> None:
+    ids = [fake.submit(SubmitRequest(queue="team-b", command=["x"])).id for _ in range(1100)]
+    listed = [j["id"] for j in json.loads(cli("status", "--json", token=TEAM_B_TOKEN).stdout)]
+    assert len(listed) == len(set(listed)) and set(ids) <= set(listed)
+    table = cli("status", token=TEAM_B_TOKEN).stdout.splitlines()
+    assert {line.split()[0] for line in table[1:]} >= set(ids)
+    events = fake.events(queue="team-b", limit=10**9)
+    lines = cli("events", "--queue", "team-b", token=TEAM_B_TOKEN).stdout.splitlines()
+    assert [int(line.split()[0]) for line in lines] == [e.id for e in events]
+    as_json = json.loads(cli("events", "--queue", "team-b", "--json", token=TEAM_B_TOKEN).stdout)
+    assert [e["id"] for e in as_json] == [e.id for e in events]
+
+
+def test_events_say_who_asked_for_each_change(cli: RunCli) -> None:
+    job_id = cli("submit", "--queue", "team-a", "--json", "--", "x").stdout
+    job_id = json.loads(job_id)["id"]
+    assert cli("cancel", job_id, token=ADMIN_TOKEN).exit_code == 0
+    lines = cli("events", "--job", job_id).stdout.splitlines()
+    assert [line.split()[3:7] for line in lines] == [
+        ["submitted", job_id, "team-a", "queue:team-a"],
+        ["cancelled", job_id, "team-a", "admin"],
+    ]
+    found = json.loads(cli("events", "--job", job_id, "--json").stdout)
+    assert [e["by"] for e in found] == [
+        {"kind": "queue", "name": "team-a"},
+        {"kind": "admin", "name": "admin"},
     ]
 
 

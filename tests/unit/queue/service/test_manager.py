@@ -8,8 +8,11 @@ whether it is really free.
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import re
 import signal
 import sqlite3
 import sys
@@ -17,17 +20,21 @@ import time
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 from preemptible.errors import JobNotFoundError, JobStateError, RequestError, StateStoreError
 from preemptible.queue.core import parse_config
 from preemptible.queue.service import containment
+from preemptible.queue.service.app import create_app
+from preemptible.queue.service.auth import Tokens
 from preemptible.queue.service.containment import Mechanism
 from preemptible.queue.service.executor import ProcessExecutor
 from preemptible.queue.service.manager import QueueManager
+from preemptible.queue.service.metrics import ApiMetrics
 from preemptible.queue.service.server import build_manager
 from preemptible.queue.service.steady_clock import SteadyClock
 from preemptible.queue.service.store import FILE_NAME, Store
-from preemptible.queue.service.views import CostView, JobState, SubmitRequest
+from preemptible.queue.service.views import CostView, JobState, SubmitRequest, TokenOwner
 from tests.polling import wait_until
 
 CONFIG = {
@@ -253,7 +260,7 @@ def test_a_restart_finds_a_contained_run_whose_launch_it_did_not_save(
     running(m, first.id)
     launched = m.jobs[first.id].handle
     holder = holder_pid(tmp_path)
-    assert m.store.load_jobs()[0][2]["handle"] is None
+    assert m.store.load_jobs()[0][3]["handle"] is None
     m.store.close()
     del m
     monkeypatch.undo()
@@ -312,6 +319,18 @@ def test_a_job_runs_with_its_gpus_and_token_and_its_exit_is_recorded(tmp_path):
     assert "exited with 3" in failed.reason
     kinds = [e.kind for e in m.events(job_id=ok.id)]
     assert kinds == ["submitted", "admitted", "completed"]
+
+
+def test_a_job_token_names_its_job_and_says_when_the_job_has_finished(tmp_path):
+    m = manager(tmp_path / "state")
+    job = submit(m, "a", "import time; time.sleep(60)")
+    token = m._job_token(job.id)
+    assert m.job_for_token(token) == TokenOwner(job_id=job.id, state=JobState.PENDING)
+    until(m, lambda: state_of(m, job.id) is JobState.RUNNING)
+    m.cancel(job.id)
+    until(m, lambda: state_of(m, job.id).finished)
+    assert m.job_for_token(token) == TokenOwner(job_id=job.id, state=JobState.CANCELLED)
+    assert m.job_for_token("not-a-token") is None
 
 
 def test_bad_submissions_are_refused_and_nothing_is_stored(tmp_path):
@@ -532,7 +551,7 @@ def test_a_restart_learns_the_exit_of_a_run_whose_launch_it_did_not_save(tmp_pat
     )
     monkeypatch.setattr(m.book, "save", lambda record: None)  # the handle never reaches the file
     m.step()
-    assert launched and m.store.load_jobs()[0][2]["handle"] is None
+    assert launched and m.store.load_jobs()[0][3]["handle"] is None
     executor = m.executor  # not stepped: the manager never sees the exit
     wait_until(lambda: not executor.alive(launched[0]), "the job's exit", timeout=20)
     m.store.close()
@@ -636,3 +655,98 @@ def test_a_wall_clock_jump_neither_kills_a_job_early_nor_holds_it_late(tmp_path,
     until(m, lambda: state_of(m, job.id) is JobState.CANCELLED, timeout=grace + 10)
     ended = [e for e in m.events(job_id=job.id) if e.kind == "cancelled"][-1]
     assert ended.data["killed"] and ended.data["took_s"] >= grace - 0.1
+
+
+def test_the_audit_log_says_who_submitted_reported_saved_and_cancelled(tmp_path):
+    m = manager(tmp_path / "state")
+    tokens = Tokens(admin="admin-token", queues={"a": "a-token", "b": "b-token"})
+    client = TestClient(create_app(m, tokens=tokens))
+    team_a, admin = {"Authorization": "Bearer a-token"}, {"Authorization": "Bearer admin-token"}
+    body = {"queue": "a", "command": [PY, "-c", SAVER], "gpus": 1, "cwd": str(tmp_path)}
+    job = client.post("/v1/jobs", json=body, headers=team_a).json()["id"]
+    waiting = client.post("/v1/jobs", json={**body, "gpus": 2}, headers=admin).json()["id"]
+    running(m, job)
+    own = {"Authorization": f"Bearer {m._job_token(job)}"}
+    assert client.post(f"/v1/jobs/{job}/cost", json={"save_seconds_p95": 2.0}, headers=own)
+    assert client.post(f"/v1/jobs/{job}/checkpointed", json={"step": 3}, headers=own)
+    assert client.delete(f"/v1/jobs/{waiting}", headers=team_a).status_code == 202
+    assert client.delete(f"/v1/jobs/{job}", headers=admin).status_code == 202
+    until(m, lambda: state_of(m, job) is JobState.CANCELLED)
+
+    def who(job_id: str) -> dict[str, object]:
+        events = client.get("/v1/events", params={"job_id": job_id}, headers=admin).json()
+        return {e["kind"]: e["by"] for e in events}
+
+    as_team_a, as_admin = {"kind": "queue", "name": "a"}, {"kind": "admin", "name": "admin"}
+    as_job = {"kind": "job", "name": job}
+    assert who(job) == {
+        "submitted": as_team_a,
+        "admitted": None,  # the manager's own decision
+        "negotiated": as_job,
+        "checkpointed": as_job,
+        "notice": as_admin,  # the cancel's notice
+        "cancelled": as_admin,  # and the cancel, once the job has exited
+    }
+    assert who(waiting) == {"submitted": as_admin, "cancelled": as_team_a}
+
+
+class RefusingExecutor(ProcessExecutor):
+    """The real executor, whose `poll` fails as it would with no descriptor left while
+    `refusing` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusing = False
+        self.refused = 0
+
+    def poll(self, handle):
+        if self.refusing:
+            self.refused += 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return super().poll(handle)
+
+
+def test_a_failing_step_is_logged_once_per_outage_and_counted(tmp_path, caplog):
+    executor = RefusingExecutor()
+    m = QueueManager(
+        parse_config(CONFIG),
+        Store(tmp_path / "state"),
+        executor,
+        state_dir=tmp_path / "state",
+        poll_s=0.01,
+    )
+    _MANAGERS.append(m)
+    job = submit(m, "a", "import time; time.sleep(60)")
+    until(m, lambda: state_of(m, job.id) is JobState.RUNNING)
+    caplog.set_level(logging.INFO, logger="preemptible.queue")
+    executor.refusing = True
+    m.start()
+    try:
+        # 30 failed steps: 0.3 s at a step every 0.01 s
+        wait_until(lambda: executor.refused >= 30, "30 failed steps", timeout=20, every=0.01)
+        executor.refusing = False
+        steps = m.steps_run
+        wait_until(lambda: m.steps_run >= steps + 5, "5 more steps", timeout=20, every=0.01)
+    finally:
+        m.stop()
+    said = [r for r in caplog.records if r.name == "preemptible.queue"]
+    assert [r.exc_info is not None for r in said] == [True, False], [r.getMessage() for r in said]
+    assert "Too many open files" in caplog.text
+    assert re.search(r"works again after (\d+) failures", said[1].getMessage())
+    assert m.step_failures >= 30 and state_of(m, job.id) is JobState.RUNNING
+    text = ApiMetrics(m).render().decode()
+    assert f"preemptible_queue_loop_step_failures_total {m.step_failures}.0" in text
+    assert "preemptible_queue_loop_steps_total" in text and "loop_step_gap_seconds_bucket" in text
+
+
+def test_pages_of_finished_jobs_show_what_they_were_and_are_made_once(tmp_path):
+    m = manager(tmp_path / "state")
+    done = submit(m, "a", "pass")
+    waiting = submit(m, "b", "import time; time.sleep(60)", gpus=2)
+    until(m, lambda: state_of(m, done.id) is JobState.COMPLETED)
+    first = {v.id: v for v in m.list_jobs()}
+    assert first[done.id] == m.get_job(done.id) and first[done.id].state is JobState.COMPLETED
+    again = {v.id: v for v in m.list_jobs()}
+    assert again[done.id] is first[done.id]  # a finished job's view is kept
+    assert again[waiting.id] is not first[waiting.id]  # a live one is made again
+    m.cancel(waiting.id)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from preemptible.errors import StateStoreError
-from preemptible.queue.service.store import GroupCommit, Store
+from preemptible.queue.service.store import FILE_NAME, GroupCommit, Store
 
 
 def jobs_in(path: Path) -> list[str]:
@@ -107,3 +107,25 @@ def test_the_folder_lock_is_not_inherited_by_a_child_process(tmp_path: Path) -> 
     finally:
         child.kill()
         child.wait()
+
+
+def test_an_audit_log_written_before_it_said_who_gains_the_columns(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / FILE_NAME) as db:
+        db.executescript(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "INSERT INTO meta VALUES ('schema_version', '1');"
+            "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, "
+            "kind TEXT NOT NULL, job_id TEXT, queue TEXT, reason TEXT NOT NULL, "
+            "data TEXT NOT NULL);"
+            "INSERT INTO events (at, kind, job_id, queue, reason, data) "
+            "VALUES (1.0, 'submitted', 'j1', 'a', 'submitted', '{}');"
+        )
+    db.close()
+    store = Store(tmp_path)
+    with store.transaction() as db:
+        store.add_event(
+            db, at=2.0, kind="cancelled", job_id="j1", queue="a", reason="x", by=("admin", "admin")
+        )
+    found = [(r.kind, r.by) for r in store.events()]
+    assert found == [("submitted", None), ("cancelled", ("admin", "admin"))]
+    store.close()
