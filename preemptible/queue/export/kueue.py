@@ -266,8 +266,11 @@ def _kueue_notes(config: QueueConfig) -> list[str]:
         f"{dur(pre.grace_margin_s)}, {dur(pre.grace_min_s)}, {dur(pre.grace_max_s)}): "
         "set each pod's terminationGracePeriodSeconds from the job's measured cost (at most "
         f"{pre.grace_max_s:g}); the SDK reads it as PREEMPTIBLE_POD_GRACE_SECONDS.",
-        f"- Minimum runtime before preemption (max({dur(pre.min_runtime_s)}, "
-        f"{pre.min_runtime_multiple:g} * (save_p95 + restore))), the cooldown "
+        f"- Minimum runtime before preemption (min(max({dur(pre.min_runtime_s)}, "
+        f"{pre.min_runtime_multiple:g} * (save_p95 + restore)), "
+        f"{dur(pre.min_runtime_cap_s)}), each claim counted as at most "
+        f"{dur(pre.claimed_save_cap_s)} of save and {dur(pre.claimed_restore_cap_s)} of "
+        "restore), the cooldown "
         f"({dur(pre.cooldown_s)}), the budget of {pre.queue_budget_per_hour} preemptions "
         f"per queue per hour, the wait of {dur(pre.tier_patience_s)} before a higher tier "
         "preempts a lower one, and the wait for capacity to free before a reclaim"

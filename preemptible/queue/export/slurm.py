@@ -53,7 +53,8 @@ def slurm_conf(config: QueueConfig) -> str:
         f"- The negotiated grace: GraceTime is the largest grant ({grace}s = grace_max); a job "
         "that saved sooner exits sooner.",
         f"- The per-job minimum runtime (multiple {pre.min_runtime_multiple:g} of save + "
-        "restore): PreemptExemptTime is the flat min_runtime. The cooldown, the "
+        f"restore, at most {dur(pre.min_runtime_cap_s)}): PreemptExemptTime is the flat "
+        "min_runtime. The cooldown, the "
         f"per-queue preemption budget and the {dur(pre.tier_patience_s)} a higher tier waits "
         "before it preempts: none.",
         "- Nominal quotas and reclaim: SLURM guarantees no share; each queue's account is "
