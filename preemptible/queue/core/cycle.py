@@ -29,6 +29,12 @@ The phases, as in kueue's `schedule()`:
    refused only for their queue's borrowing limit, when they save on notice within their
    grace: they are the first reclaimed when another queue within its limit needs the capacity
    (`preemption.py`, rule 4), so the limit costs the others one grace, not idle GPUs.
+6. **Grow** (`_grow`, elastic jobs). What is still free, when no reservation drains capacity
+   and no pending job could use it, goes to shrunk elastic jobs whose remaining run pays for
+   the resize (`elastic.grow_pays`).
+
+Elastic jobs (`elastic.py`) are also admitted at a smaller size in their range when their full
+size does not fit (3.2), and victim searches may shrink them instead of evicting (3.3).
 
 Capacity as the decisions so far leave it is the `Ledger`'s; victim searches share one
 `VictimSearch`; every reason's wording is in `reasons.py`.
@@ -38,13 +44,15 @@ Nothing here reads a clock, does I/O or mutates the snapshot: the shell applies 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import heapq
 
-from preemptible.queue.core import reasons
+from preemptible.queue.core import elastic, reasons
 from preemptible.queue.core.backfill import Reservation, Started, may_backfill, plan_reservation
 from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.core.defrag import MovePlan, find_moves
+from preemptible.queue.core.elastic import grow_pays, larger_sizes, may_resize
 from preemptible.queue.core.ledger import Ledger
 from preemptible.queue.core.model import (
     Admit,
@@ -52,19 +60,22 @@ from preemptible.queue.core.model import (
     Job,
     Preempt,
     Reserve,
+    Resize,
     RunningJob,
     SearchKey,
 )
 from preemptible.queue.core.ordering import HeapEntry, PendingOrder
 from preemptible.queue.core.patience import ReclaimPatience
 from preemptible.queue.core.placement import Placement
-from preemptible.queue.core.policy import Policy
+from preemptible.queue.core.policy import ElasticMode, Policy, effective_elastic
 from preemptible.queue.core.preemption import (
+    Victim,
     VictimPlan,
     VictimSearch,
     in_cooldown,
     loans_due,
     saves_within_grace,
+    victim_grace_s,
 )
 from preemptible.queue.core.quota import QuotaVerdict, check_quota, is_borrowing
 from preemptible.queue.core.state import GroupKey, Snapshot
@@ -112,8 +123,15 @@ class _Cycle:
             config=config,
             now=now,
         )
+        self.elastic = effective_elastic(policy, config.policy.elastic)
         self.search = VictimSearch(
-            now=now, state=st, ledger=self.ledger, policy=policy, settings=config.preemption
+            now=now,
+            state=st,
+            ledger=self.ledger,
+            policy=policy,
+            settings=config.preemption,
+            elastic=self.elastic,
+            policy_settings=config.policy,
         )
         self.patience = (
             ReclaimPatience(
@@ -128,6 +146,7 @@ class _Cycle:
         )
         self.admits: list[Admit] = []
         self.preempts: list[Preempt] = []
+        self.resizes: list[Resize] = []
         self.reserves: list[Reserve] = []
         self.reasons: dict[str, str] = {}
         self.default_reason = reasons.WAITING_TURN
@@ -164,6 +183,7 @@ class _Cycle:
         self._nominated_first()
         self._walk()
         self._beyond_limit()
+        self._grow()
         return CycleResult(
             admit=tuple(self.admits),
             preempt=tuple(self.preempts),
@@ -175,6 +195,7 @@ class _Cycle:
             failed_preemptions=tuple(self.failed),
             rerun=self.rerun and bool(self.admits),
             wake_at=self.patience.wake_at if self.patience is not None else None,
+            resize=tuple(self.resizes),
         )
 
     # --- 1. nominees --------------------------------------------------------------------------
@@ -282,7 +303,11 @@ class _Cycle:
             return Step.STOP if self.policy.head_of_line else Step.SKIP
         placement = self.ledger.place(job.request)
         if placement is None:
-            return self._blocked(job, verdict)
+            smaller = self._smaller_fit(job)
+            if smaller is None:
+                return self._blocked(job, verdict)
+            sized, placement, verdict = smaller
+            return self._start(sized, placement, verdict, depth, gkey, full=job)
         if self.patience is not None:
             blocked = self.patience.blocks_borrower(job, verdict)
             if blocked is not None:
@@ -298,6 +323,21 @@ class _Cycle:
         depth[gkey] = depth.get(gkey, 0) + 1
         return Step.NEXT if depth[gkey] < self.config.policy.backfill_depth else Step.SKIP
 
+    def _smaller_fit(self, job: Job) -> tuple[Job, Placement, QuotaVerdict] | None:
+        """An elastic job whose full size does not fit: the largest size in its range that
+        fits now, as the job at that size, with its placement and quota verdict."""
+        if self.elastic is ElasticMode.OFF or not job.is_elastic:
+            return None
+        for gpus in job.sizes()[1:]:
+            sized = dataclasses.replace(job, request=job.at_size(gpus))
+            verdict = self._quota(sized)
+            if verdict is QuotaVerdict.OVER_LIMIT:
+                continue
+            placement = self.ledger.place(sized.request)
+            if placement is not None:
+                return sized, placement, verdict
+        return None
+
     def _start(
         self,
         job: Job,
@@ -305,24 +345,36 @@ class _Cycle:
         verdict: QuotaVerdict,
         depth: dict[GroupKey, int],
         gkey: GroupKey,
+        *,
+        full: Job | None = None,
     ) -> Step:
-        """`job` fits now: start it unless that would delay the reservation (2)."""
+        """`job` fits now: start it unless that would delay the reservation (2). `full`: the
+        elastic job as submitted, when `job` is it at a smaller size."""
+
+        def sized(reason: str) -> str:
+            if full is None:
+                return reason
+            return reasons.admitted_smaller(full, job.request.gpus, reason)
+
+        gpus = None if full is None else job.request.gpus
         res = self.reservation
         if res is None or (
             res.borrowing and verdict is QuotaVerdict.WITHIN_NOMINAL and job.queue != res.queue
         ):
-            reason = reasons.admitted(job, verdict, quotas=self.policy.quotas)
-            self._admit(job, placement, verdict, reason)
+            reason = sized(reasons.admitted(job, verdict, quotas=self.policy.quotas))
+            self._admit(job, placement, verdict, reason, gpus=gpus)
             self._use_held_nodes(placement)
             return Step.NEXT
         kept = self._backfill_placement(job, placement, res)
         if kept is not None:
-            reason = reasons.admitted_by_backfill(res.job_id)
-            self._admit(job, kept, verdict, reason, backfill=True)
+            reason = sized(reasons.admitted_by_backfill(res.job_id))
+            self._admit(job, kept, verdict, reason, backfill=True, gpus=gpus)
             return Step.NEXT
         if self._may_loan(job):
-            reason = reasons.admitted_on_loan(res.job_id)
-            self._admit(job, placement, verdict, reason, backfill=True, loan_for=res.job_id)
+            reason = sized(reasons.admitted_on_loan(res.job_id))
+            self._admit(
+                job, placement, verdict, reason, backfill=True, loan_for=res.job_id, gpus=gpus
+            )
             return Step.NEXT  # a loan's GPUs come back to the reservation: its spare stands
         self.reasons[job.id] = reasons.would_delay(res.job_id)
         if job.estimate_s is None and not self.policy.loan_backfill:
@@ -423,7 +475,9 @@ class _Cycle:
         *,
         backfill: bool = False,
         loan_for: str | None = None,
+        gpus: int | None = None,
     ) -> None:
+        """Admit `job` (at `gpus`: then `job` is the elastic job at that size)."""
         self.ledger.admit(job, placement)
         self.order.changed(job.queue)
         self.search.forget_eligible()
@@ -441,6 +495,7 @@ class _Cycle:
                 backfill=backfill,
                 loan_for=loan_for,
                 reason=reason,
+                gpus=gpus,
             )
         )
 
@@ -542,11 +597,15 @@ class _Cycle:
 
     def _notify_victims(self, job: Job, plan: VictimPlan) -> None:
         """Send `plan`'s victims their notices and hold what they free for `job`."""
-        names = []
+        names, shrunk = [], []
         for v in plan.victims:
             vjob = v.running.job
+            if v.gpus_after is not None:
+                self._shrink(job, plan, v)
+                shrunk.append(vjob.id)
+                continue
             self.search.take(vjob)
-            self.ledger.leave(vjob)
+            self.ledger.leave(v.running)
             names.append(vjob.id)
             reason = reasons.preempted(
                 vjob,
@@ -555,6 +614,10 @@ class _Cycle:
                 min_runtime=self.policy.protect_min_runtime,
                 lost_gpu_s=v.lost_gpu_s,
             )
+            if plan.shrink_lost_gpu_s is not None:
+                reason = reasons.evicted_over_shrink(
+                    reason, plan.shrink_lost_gpu_s, plan.lost_gpu_s
+                )
             self.preempts.append(
                 Preempt(
                     job_id=vjob.id,
@@ -568,10 +631,154 @@ class _Cycle:
             )
         # Victims chosen: the queue budgets and what each queue borrows have changed.
         self.search.forget_eligible()
-        freed = sum(v.running.job.request.gpus for v in plan.victims)
+        freed = sum(v.running.size - (v.gpus_after or 0) for v in plan.victims)
         self.incoming += max(0, freed + max(0, int(self.ledger.free.gpus)) - job.request.gpus)
         self._hold(job, plan.placement or ())
-        self.reasons[job.id] = reasons.preempting(names)
+        if shrunk:
+            self.reasons[job.id] = reasons.making_room(names, shrunk)
+        else:
+            self.reasons[job.id] = reasons.preempting(names)
+
+    def _shrink(self, job: Job, plan: VictimPlan, v: Victim) -> None:
+        """Shrink the elastic victim `v` for `job` instead of evicting it."""
+        rj, gpus_after = v.running, v.gpus_after
+        assert gpus_after is not None
+        vjob = rj.job
+        self.search.take(vjob, budget=False)
+        self.ledger.leave(rj, rj.held - vjob.at_size(gpus_after))
+        reason = reasons.shrunk(
+            vjob,
+            rj.size,
+            gpus_after,
+            v.kind,
+            job,
+            lost_gpu_s=v.lost_gpu_s,
+            plan_lost_gpu_s=plan.lost_gpu_s,
+            evict_lost_gpu_s=plan.evict_lost_gpu_s,
+            by_priority=self.elastic is ElasticMode.PRIORITY,
+        )
+        self.resizes.append(
+            Resize(
+                job_id=vjob.id,
+                gpus=gpus_after,
+                grace_s=v.grace_s,
+                kind="shrink",
+                for_job=job.id,
+                lost_gpu_s=v.lost_gpu_s,
+                placement=elastic.kept(rj, gpus_after),
+                for_nodes=plan.placement or (),
+                reason=reason,
+            )
+        )
+
+    # --- 6. grow ------------------------------------------------------------------------------
+
+    def _grow(self) -> None:
+        """Give GPUs nobody pending can use to shrunk elastic jobs, when the rest of their
+        run pays for the resize (priced) or whenever they idle (priority)."""
+        if self.elastic is ElasticMode.OFF or self.reservation is not None:
+            return
+        if self.ledger.free.gpus <= 0 or self._pending_could_use():
+            return
+        st = self.st
+        shrunk = [
+            rj
+            for rj in st.running.values()
+            if rj.gpus is not None
+            and rj.size < rj.job.request.gpus
+            and not rj.terminating
+            and rj.job.id not in st.shrinking
+            and rj.job.id not in self.search.taken
+        ]
+        shrunk.sort(key=lambda r: (-r.job.tier.rank, r.size / r.job.request.gpus, r.started_at))
+        for rj in shrunk:
+            if self.ledger.free.gpus <= 0:
+                return
+            if may_resize(rj.job, self.now, self.config.policy):
+                self._maybe_grow(rj)
+
+    def _maybe_grow(self, rj: RunningJob) -> None:
+        job, ledger, policy = rj.job, self.ledger, self.config.policy
+        grace = victim_grace_s(job, self.policy, self.config.preemption)
+        for gpus in larger_sizes(rj):
+            extra = job.at_size(gpus) - rj.held
+            if not ledger.fits_by_count(extra):
+                continue
+            if (
+                self.policy.quotas
+                and check_quota(self.st.queues[job.queue], ledger.alloc[job.queue], extra)
+                is QuotaVerdict.OVER_LIMIT
+            ):
+                continue
+            on = self._grow_on(rj, extra.gpus)
+            if on is None:
+                continue
+            pays, gained, cost = grow_pays(
+                rj,
+                gpus,
+                now=self.now,
+                grace_s=grace,
+                policy=policy,
+                settings=self.config.preemption,
+            )
+            priced = self.elastic is ElasticMode.PRICED
+            if priced and not pays:
+                continue
+            ledger.grow(rj, extra, on)
+            self.order.changed(job.queue)
+            self.search.forget_eligible()
+            self.search.take(job, budget=False)
+            merged = dict(rj.placement)
+            for node, g in on:
+                merged[node] = merged.get(node, 0) + g
+            reason = reasons.grown(
+                job,
+                rj.size,
+                gpus,
+                gained_gpu_s=gained,
+                lost_gpu_s=cost,
+                payback=policy.grow_payback if priced else 0.0,
+            )
+            self.resizes.append(
+                Resize(
+                    job_id=job.id,
+                    gpus=gpus,
+                    grace_s=grace,
+                    kind="grow",
+                    lost_gpu_s=cost,
+                    placement=tuple(sorted(merged.items())),
+                    reason=reason,
+                )
+            )
+            return
+
+    def _grow_on(self, rj: RunningJob, extra: int) -> Placement | None:
+        """Where `rj` may take `extra` GPUs: on the nodes it holds (it restarts there); () on a
+        flat pool; None when they have too few free."""
+        pool = self.ledger.pool
+        if pool is None:
+            return ()
+        on = []
+        for node, _ in rj.placement:
+            take = min(pool.free[node], extra)
+            if take > 0:
+                on.append((node, take))
+                extra -= take
+        return tuple(on) if extra <= 0 else None
+
+    def _pending_could_use(self) -> bool:
+        """Whether a pending job the cycle did not start fits in what is free and its quota:
+        then free GPUs are its to take (next cycle, or once its own wait ends), not a grow's."""
+        for group in self.st.groups.values():
+            job = next((j for j in group.jobs if j.id not in self.started), None)
+            if job is None:
+                continue
+            need = job.request if self.elastic is ElasticMode.OFF else job.at_size(job.sizes()[-1])
+            if not self.ledger.fits_by_count(need):
+                continue
+            if self._quota(job) is not QuotaVerdict.OVER_LIMIT:
+                return True
+        return False
 
     def _maybe_move(self, job: Job) -> bool:
         """Move small jobs off a node for a job ahead of any reservation that fits by count

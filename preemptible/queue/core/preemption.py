@@ -23,14 +23,21 @@ Among the allowed victims, `victim_sets.py` picks the set that makes the job fit
 lost work: GPU-seconds since each victim's last checkpoint (only its save time when it
 checkpoints on notice within its grace) plus its restore. What a queue borrows is judged without
 its jobs that were already told to go.
+
+An allowed victim that is elastic may instead be shrunk toward its minimum (`elastic.py`,
+`VictimSearch._shrink_or_evict`): the same reasons allow it, it gets the same grace, and the
+plan with shrinks is chosen only when it loses less than the plan of evictions alone, so work
+within nominal quota still waits at most one grace for what it is owed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from preemptible.queue.core.config import PreemptionSettings
+from preemptible.queue.core.config import PolicySettings, PreemptionSettings
+from preemptible.queue.core.elastic import may_resize, shrink_option
 from preemptible.queue.core.ledger import Ledger
 from preemptible.queue.core.model import Job, RunningJob, VictimKind
 from preemptible.queue.core.negotiation import (
@@ -38,7 +45,7 @@ from preemptible.queue.core.negotiation import (
     grace_seconds,
     min_runtime_seconds,
 )
-from preemptible.queue.core.policy import Policy, VictimOrder
+from preemptible.queue.core.policy import ElasticMode, Policy, VictimOrder
 from preemptible.queue.core.quota import (
     QuotaVerdict,
     beyond_limit,
@@ -92,7 +99,7 @@ def lost_gpu_seconds(
     The restore counts as negotiated (at most `max_claimed_restore`): a claim must not make a
     job the last victim any more than it may make it unpreemptable."""
     job = running.job
-    gpus = max(job.request.gpus, 1)
+    gpus = max(running.size, 1)
     restore_s = counted_restore_s(job.restore_s, settings)
     if job.checkpoint_on_notice and job.save_s <= grace_s:
         return gpus * (job.save_s + restore_s)
@@ -153,12 +160,17 @@ class VictimSearch:
         ledger: Ledger,
         policy: Policy,
         settings: PreemptionSettings,
+        elastic: ElasticMode = ElasticMode.OFF,
+        policy_settings: PolicySettings | None = None,
     ):
         self.now = now
         self.state = state
         self.ledger = ledger
         self.policy = policy
         self.settings = settings
+        self.elastic = elastic
+        """How elastic jobs may be shrunk instead of evicted (`shrink_or_evict`)."""
+        self.policy_settings = policy_settings or PolicySettings()
         self.taken: set[str] = set()
         """Jobs chosen as victims (or to move) in this cycle: no later search takes them."""
         self.budget_used: dict[str, int] = {}
@@ -168,10 +180,11 @@ class VictimSearch:
             tuple[str, int, bool, bool, str | None, frozenset[str]], list[Candidate]
         ] = {}
 
-    def take(self, victim: Job) -> None:
-        """`victim` gets a notice this cycle: it counts against its queue's budget and no later
-        search of the cycle may choose it again."""
-        self.budget_used[victim.queue] = self.budget_used.get(victim.queue, 0) + 1
+    def take(self, victim: Job, *, budget: bool = True) -> None:
+        """`victim` gets a notice this cycle: it counts against its queue's budget (unless it
+        is a shrink, `budget=False`) and no later search of the cycle may choose it again."""
+        if budget:
+            self.budget_used[victim.queue] = self.budget_used.get(victim.queue, 0) + 1
         self.taken.add(victim.id)
 
     def forget_eligible(self) -> None:
@@ -190,6 +203,64 @@ class VictimSearch:
         candidates = self.candidates(job, scope)
         if not candidates:
             return None
+        plan = self._cheapest(job, candidates, scope)
+        if self.elastic is ElasticMode.OFF:
+            return plan
+        return self._shrink_or_evict(job, candidates, scope, plan)
+
+    def _shrink_or_evict(
+        self, job: Job, candidates: list[Candidate], scope: _Scope, plan: VictimPlan | None
+    ) -> VictimPlan | None:
+        """The plan of evictions alone, or one that shrinks elastic jobs instead: the cheaper
+        (`ElasticMode.PRICED`, evictions on a tie), or any that shrinks (`PRIORITY`)."""
+        shrinks = self._shrinks(candidates)
+        if not shrinks:
+            return plan
+        shrinkable = {c.running.job.id for c in shrinks}
+        rest = [c for c in candidates if c.running.job.id not in shrinkable]
+        if self.elastic is ElasticMode.PRIORITY:  # lowest priority first, before any eviction
+            mixed_candidates = shrinks + [c._replace(order=(1, *c.order)) for c in rest]
+        else:
+            mixed_candidates = sorted(shrinks + rest, key=lambda c: c.order)
+        mixed = self._cheapest(job, mixed_candidates, scope)
+        if mixed is None or not mixed.shrinks:
+            return plan if plan is not None else mixed
+        evict = None if plan is None else plan.lost_gpu_s
+        chosen = mixed
+        if (
+            self.elastic is ElasticMode.PRICED
+            and plan is not None
+            and plan.lost_gpu_s <= mixed.lost_gpu_s
+        ):
+            chosen = plan
+        return dataclasses.replace(
+            chosen, evict_lost_gpu_s=evict, shrink_lost_gpu_s=mixed.lost_gpu_s
+        )
+
+    def _shrinks(self, candidates: list[Candidate]) -> list[Candidate]:
+        """A shrink to its minimum for each candidate that may shrink, in the search order."""
+        out = []
+        for c in candidates:
+            rj = c.running
+            if not rj.job.is_elastic or not may_resize(rj.job, self.now, self.policy_settings):
+                continue
+            option = shrink_option(rj, self.now, c.grace_s, self.settings)
+            if option is None:
+                continue
+            lost = option.lost_gpu_s
+            order: tuple[float | str, ...]
+            if self.elastic is ElasticMode.PRIORITY:
+                order = (0, rj.job.tier.rank, -rj.started_at, rj.job.id)
+            elif self.policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST:
+                order = c.order
+            else:
+                freed = max(rj.size - option.gpus_after, 1)
+                order = (lost / freed, lost, -rj.started_at, rj.job.id)
+            out.append(c._replace(order=order, lost_gpu_s=lost, shrink=option))
+        out.sort(key=lambda c: c.order)
+        return out
+
+    def _cheapest(self, job: Job, candidates: list[Candidate], scope: _Scope) -> VictimPlan | None:
         ledger = self.ledger
         return cheapest_set(
             job,
@@ -283,7 +354,7 @@ class VictimSearch:
                     continue
             for rj in running.values():
                 vjob = rj.job
-                if rj.terminating or vjob.id in self.taken:
+                if rj.terminating or vjob.id in self.taken or vjob.id in self.state.shrinking:
                     continue
                 tier_ok = tier_q and vjob.tier.rank < rank
                 loan_ok = loan_q and _on_loan_to(rj, job)
@@ -321,7 +392,7 @@ class VictimSearch:
             if self.policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST:
                 order = (vjob.tier.rank, -rj.started_at, vjob.id)
             else:
-                order = (lost / max(vjob.request.gpus, 1), lost, -rj.started_at, vjob.id)
+                order = (lost / max(rj.size, 1), lost, -rj.started_at, vjob.id)
             price = self._prices[vjob.id] = Price(order, lost, grace)
         return price
 

@@ -178,3 +178,78 @@ def waits_to_reclaim(seconds: float, victims: Iterable[str]) -> str:
         f"pending: no free capacity; waits up to {seconds:.0f}s for some to free "
         f"before reclaiming what {', '.join(victims)} borrowed"
     )
+
+
+def admitted_smaller(job: Job, gpus: int, admitted_reason: str) -> str:
+    """An elastic job admitted below its full size: "admitted at 4 of 8 GPUs (min 2): ..."."""
+    _, _, why = admitted_reason.partition(": ")
+    return (
+        f"admitted at {gpus} of {job.request.gpus} GPUs (min {job.min_gpus}): "
+        f"{why or admitted_reason}; its full size does not fit now, it grows when GPUs free"
+    )
+
+
+def shrunk(
+    victim: Job,
+    size: int,
+    gpus_after: int,
+    kind: str,
+    preemptor: Job,
+    *,
+    lost_gpu_s: float,
+    plan_lost_gpu_s: float,
+    evict_lost_gpu_s: float | None,
+    by_priority: bool,
+) -> str:
+    """Why `victim` shrinks from `size` to `gpus_after` GPUs for `preemptor`."""
+    why = preempted(victim, kind, preemptor, min_runtime=False, lost_gpu_s=lost_gpu_s)
+    why = why.removeprefix("preempted: ").partition("; expected loss")[0]
+    cost = (
+        f"shrinking loses {lost_gpu_s:.0f} GPU-s ({size} GPUs x save + {gpus_after} GPUs x "
+        "restore; it keeps its progress)"
+    )
+    if by_priority:
+        choice = "shrinks the lowest-priority elastic jobs first, whatever it costs"
+        if evict_lost_gpu_s is not None:
+            choice += f" (evicting instead would lose {evict_lost_gpu_s:.0f} GPU-s)"
+    elif evict_lost_gpu_s is None:
+        choice = "no eviction alone would make room"
+    else:
+        choice = (
+            f"chosen over evicting, which would lose {evict_lost_gpu_s:.0f} GPU-s against "
+            f"{plan_lost_gpu_s:.0f} GPU-s for this plan"
+        )
+    return (
+        f"resized: shrinks from {size} to {gpus_after} GPUs (min {victim.min_gpus}) instead of "
+        f"being evicted: {why}; {cost}; {choice}"
+    )
+
+
+def evicted_over_shrink(reason: str, shrink_lost_gpu_s: float, plan_lost_gpu_s: float) -> str:
+    """A preemption chosen although shrinking elastic jobs could have made room."""
+    return (
+        f"{reason}; evicting loses {plan_lost_gpu_s:.0f} GPU-s in all, shrinking elastic jobs "
+        f"instead would lose {shrink_lost_gpu_s:.0f} GPU-s"
+    )
+
+
+def making_room(evicted: Iterable[str], shrunk: Iterable[str]) -> str:
+    """The preemptor's reason when its plan shrinks some jobs."""
+    parts = []
+    if evicted := list(evicted):
+        parts.append(f"preempting {', '.join(evicted)}")
+    parts.append(f"shrinking {', '.join(shrunk)}")
+    return f"pending: {' and '.join(parts)} to make room; starts when they have saved"
+
+
+def grown(
+    job: Job, size: int, gpus_after: int, *, gained_gpu_s: float, lost_gpu_s: float, payback: float
+) -> str:
+    """Why an elastic job grows; `payback` 0: it grows whenever GPUs idle (priority mode)."""
+    head = f"resized: grows from {size} to {gpus_after} of {job.request.gpus} GPUs on idle GPUs"
+    if not payback:
+        return f"{head} no pending job can use; resizing loses {lost_gpu_s:.0f} GPU-s"
+    return (
+        f"{head} no pending job can use: it gains {gained_gpu_s:.0f} GPU-s over its expected "
+        f"remaining run, at least {payback:g} x the {lost_gpu_s:.0f} GPU-s the resize loses"
+    )
