@@ -52,7 +52,7 @@ from preemptible.queue.core import elastic, reasons
 from preemptible.queue.core.backfill import Reservation, Started, may_backfill, plan_reservation
 from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.core.defrag import MovePlan, find_moves
-from preemptible.queue.core.elastic import grow_pays, larger_sizes, may_resize
+from preemptible.queue.core.elastic import grow_pays, larger_sizes, may_resize, next_resize_at
 from preemptible.queue.core.ledger import Ledger
 from preemptible.queue.core.model import (
     Admit,
@@ -147,6 +147,8 @@ class _Cycle:
         self.admits: list[Admit] = []
         self.preempts: list[Preempt] = []
         self.resizes: list[Resize] = []
+        self.grow_at: float | None = None
+        """When a shrunk job that may not be resized yet may grow (`CycleResult.wake_at`)."""
         self.reserves: list[Reserve] = []
         self.reasons: dict[str, str] = {}
         self.default_reason = reasons.WAITING_TURN
@@ -194,9 +196,15 @@ class _Cycle:
             examined=self.examined,
             failed_preemptions=tuple(self.failed),
             rerun=self.rerun and bool(self.admits),
-            wake_at=self.patience.wake_at if self.patience is not None else None,
+            wake_at=self._wake_at(),
             resize=tuple(self.resizes),
         )
+
+    def _wake_at(self) -> float | None:
+        times = [self.grow_at] if self.grow_at is not None else []
+        if self.patience is not None and self.patience.wake_at is not None:
+            times.append(self.patience.wake_at)
+        return min(times, default=None)
 
     # --- 1. nominees --------------------------------------------------------------------------
 
@@ -696,6 +704,9 @@ class _Cycle:
                 return
             if may_resize(rj.job, self.now, self.config.policy):
                 self._maybe_grow(rj)
+            else:
+                at = next_resize_at(rj.job, self.config.policy)
+                self.grow_at = at if self.grow_at is None else min(self.grow_at, at)
 
     def _maybe_grow(self, rj: RunningJob) -> None:
         job, ledger, policy = rj.job, self.ledger, self.config.policy

@@ -131,10 +131,19 @@ def shrink_option(
 
 def remaining_run_s(running: RunningJob, now: float, default_estimate_s: float) -> float:
     """How much longer `running` is expected to run: its estimate (or the default) minus the
-    time since its admission, never below zero."""
+    time since its admission. A job that has outrun its estimate has no estimate left: it is
+    assumed to have the default estimate to go, as a job that never gave one."""
     job = running.job
     estimate = job.estimate_s if job.estimate_s is not None else default_estimate_s
-    return max(0.0, estimate - (now - running.started_at))
+    left = estimate - (now - running.started_at)
+    return left if left > 0 else default_estimate_s
+
+
+def next_resize_at(job: Job, settings: PolicySettings) -> float:
+    """When `job` may be resized again (`may_resize`)."""
+    if job.last_resized_at is None:
+        return float("-inf")
+    return job.last_resized_at + resize_interval_s(job, settings)
 
 
 def grow_pays(
