@@ -136,6 +136,8 @@ class SubmitBody(_Request):
     name: Annotated[str, StringConstraints(max_length=200, pattern=_NO_NUL)] | None = None
     env: Env = Field(default_factory=dict)
     cwd: Directory | None = None
+    min_gpus: Annotated[int, Field(ge=1, le=1024), _NUMBER] | None = None
+    gpus_multiple: Annotated[int, Field(ge=1, le=1024), _NUMBER] = 1
 
     def to_view(self) -> SubmitRequest:
         return SubmitRequest(**self.model_dump())

@@ -222,5 +222,5 @@ def test_replay_through_the_manager_makes_the_simulators_decisions(
     for rec in result.records:
         mine = manager.jobs[rec.trace.job_id]
         assert mine.state == JobState.COMPLETED.value
-        assert [tuple(r) for r in mine.runs] == rec.runs
+        assert [tuple(r[:2]) for r in mine.runs] == rec.runs
         assert mine.finished_at == rec.end_s
