@@ -15,7 +15,6 @@ from preemptible.queue.core import (
     Cluster,
     ElasticMode,
     Job,
-    Resources,
     RunningJob,
     check_elastic_range,
     get_policy,
@@ -354,7 +353,6 @@ def test_work_within_nominal_waits_at_most_reclaim_within_when_borrowers_are_ela
         t += d + 2 * cfg.preemption.guarantee_s + rng.uniform(0, 2000)
     jobs.sort(key=lambda j: j.submit_s)
     result = Simulator(jobs, cfg, OURS, SimOptions(cycle_interval_s=0.0)).run()
-    assert sum(r.shrinks for r in result.records) >= 0
     for rec in result.records:
         if rec.trace.queue == "b":
             assert rec.wait_s <= cfg.preemption.guarantee_s + 1e-6, rec.trace.job_id
@@ -366,4 +364,3 @@ def test_a_variant_name_reaches_the_policy_table_but_is_not_listed():
     assert POLICIES["preemptible+elastic=off"].elastic is ElasticMode.OFF
     assert "preemptible+elastic=off" not in list(POLICIES)
     assert "preemptible+elastic=sometimes" not in POLICIES
-    assert Resources(gpus=1)  # the package's names stay importable together
