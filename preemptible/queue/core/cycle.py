@@ -764,18 +764,25 @@ class _Cycle:
             return
 
     def _grow_on(self, rj: RunningJob, extra: int) -> Placement | None:
-        """Where `rj` may take `extra` GPUs: on the nodes it holds (it restarts there); () on a
-        flat pool; None when they have too few free."""
+        """Where `rj` may take `extra` GPUs: on the nodes it holds first, then on the emptiest
+        other nodes (it restarts anyway); () on a flat pool; None when too few are free."""
         pool = self.ledger.pool
         if pool is None:
             return ()
+        own = [node for node, _ in rj.placement]
+        others = sorted(
+            (n for n in range(len(pool.free)) if n not in own and pool.free[n] > 0),
+            key=lambda n: (-pool.free[n], n),
+        )
         on = []
-        for node, _ in rj.placement:
+        for node in (*own, *others):
             take = min(pool.free[node], extra)
             if take > 0:
                 on.append((node, take))
                 extra -= take
-        return tuple(on) if extra <= 0 else None
+            if extra <= 0:
+                return tuple(on)
+        return None
 
     def _pending_could_use(self) -> bool:
         """Whether a pending job the cycle did not start fits in what is free and its quota:

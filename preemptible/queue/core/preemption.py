@@ -218,11 +218,16 @@ class VictimSearch:
             return plan
         shrinkable = {c.running.job.id for c in shrinks}
         rest = [c for c in candidates if c.running.job.id not in shrinkable]
-        if self.elastic is ElasticMode.PRIORITY:  # lowest priority first, before any eviction
-            mixed_candidates = shrinks + [c._replace(order=(1, *c.order)) for c in rest]
-        else:
-            mixed_candidates = sorted(shrinks + rest, key=lambda c: c.order)
-        mixed = self._cheapest(job, mixed_candidates, scope)
+        # Shrinks before any eviction: the priority rule, and for the priced one the plan
+        # with shrinks to weigh when the cheapest-first order finds none.
+        first = shrinks + [c._replace(order=(1, *c.order)) for c in rest]
+        mixed = None
+        if self.elastic is ElasticMode.PRICED:
+            mixed = self._cheapest(job, sorted(shrinks + rest, key=lambda c: c.order), scope)
+        if mixed is None or not mixed.shrinks:
+            other = self._cheapest(job, first, scope)
+            if other is not None and other.shrinks:
+                mixed = other
         if mixed is None or not mixed.shrinks:
             return plan if plan is not None else mixed
         evict = None if plan is None else plan.lost_gpu_s
