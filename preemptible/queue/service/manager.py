@@ -659,6 +659,7 @@ class QueueManager:
                 "queue_depth": {q.name: depth.get(q.name, 0) for q in self.config.queues},
                 "admissions": dict(self.runs.admissions),
                 "preemptions": dict(self.runs.preemption_counts),
+                "resizes": dict(self.runs.resize_counts),
                 "cycle_seconds": list(self.cycle_seconds),
                 "cycle_histogram": self.cycle_histogram.snapshot(),
                 "cycles": self.cycles_run,

@@ -16,6 +16,7 @@ import pytest
 
 from preemptible.queue.core import parse_config
 from preemptible.queue.service.manager import QueueManager
+from preemptible.queue.service.metrics import ApiMetrics
 from preemptible.queue.service.server import build_manager
 from preemptible.queue.service.views import CostView, JobState, SubmitRequest
 from tests.polling import wait_until
@@ -132,6 +133,10 @@ def test_a_job_is_shrunk_for_a_higher_tier_and_grows_back_when_it_leaves(tmp_pat
     assert ("requeued", None) not in kinds
     stats = m.stats()
     assert stats.overall.resizes == 2 and stats.overall.preemptions == 0
+    text = ApiMetrics(m).render().decode()
+    assert 'preemptible_queue_resizes_total{kind="shrink",queue="a"} 1.0' in text
+    assert 'preemptible_queue_resizes_total{kind="grow",queue="a"} 1.0' in text
+    assert 'preemptible_queue_window_resizes{queue="",scope="overall"} 2.0' in text
     m.cancel(job.id)
     until(m, lambda: m.get_job(job.id).state is JobState.CANCELLED)
 
