@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         UnsupportedStateError,
     )
     from preemptible.runtime.context import AlreadyComplete, Context, preemptible
+    from preemptible.runtime.global_batch import GlobalBatch
     from preemptible.runtime.rng import RNGState
     from preemptible.runtime.sampler import ResumableSampler
     from preemptible.runtime.signals import PreemptionGuard
@@ -66,6 +67,7 @@ _EXPORTS = {
     "Context": "preemptible.runtime.context",
     "preemptible": "preemptible.runtime.context",
     "ResumableSampler": "preemptible.runtime.sampler",
+    "GlobalBatch": "preemptible.runtime.global_batch",
     "RNGState": "preemptible.runtime.rng",
     # The whole error tree: `except preemptible.PreemptibleError` needs no other import.
     "AccessDeniedError": "preemptible.errors",
@@ -106,6 +108,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "CostTracker",
+    "GlobalBatch",
     "GuardError",
     "JobNotFoundError",
     "JobStateError",
