@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node N elastic_train.py CKPT_DIR OUT_DIR [--epochs 2] [--step-s S]
              [--stop-at-step STEP ...] [--pause-at-step STEP ...] [--dtype float64]
-             [--samples 48] [--global-batch 8] [--micro-batch 1]
+             [--samples 48] [--global-batch 8] [--micro-batch 1] [--every-steps 1000]
 
 The size of each run is torchrun's world size (under the queue manager, ``--nproc-per-node
 {gpus}``). A float64 (``--dtype``) MLP learns a fixed regression on ``--samples`` samples
@@ -58,6 +58,12 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=1)
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     parser.add_argument("--step-s", type=float, default=0.0, help="sleep after each step")
+    parser.add_argument(
+        "--every-steps",
+        type=int,
+        default=1000,
+        help="save every N steps (the SDK then reports its measured cost to a queue manager)",
+    )
     parser.add_argument("--stop-at-step", type=int, nargs="*", default=[])
     parser.add_argument("--pause-at-step", type=int, nargs="*", default=[])
     args = parser.parse_args()
@@ -71,7 +77,7 @@ def main() -> None:
     total = args.epochs * args.samples // args.global_batch
     dtype = getattr(torch, args.dtype)
 
-    @preemptible(args.ckpt, every_steps=1000, async_save=False)
+    @preemptible(args.ckpt, every_steps=args.every_steps, async_save=False)
     def train(ctx: Context) -> dict[str, torch.Tensor]:
         torch.manual_seed(0)  # the same initial model on every rank, at every size
         model = torch.nn.Sequential(
