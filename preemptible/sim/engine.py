@@ -449,6 +449,7 @@ class Simulator:
         rec.shrink_to = None
         self.shell.shrunk(job_id, gpus, now, placement or None)
         self._hold(rec, now, gpus)
+        rec.last_resized_at = now  # as the core's state has it: a shrink from its restart
 
 
 def _timeline(result: SimResult, bins: int) -> None:

@@ -145,6 +145,9 @@ class JobRuns:
         else:
             gpu_ids = record.gpu_ids[: resize.gpus]
         self.resize_counts[(record.queue, resize.kind)] += 1
+        # As the core's state has it: a grow counts from its notice, a shrink from its notice
+        # until it has saved, then from its restart (`_restart_resized`).
+        record.last_resized_at = now
         self.send_notice(
             record,
             now,
@@ -344,7 +347,8 @@ class JobRuns:
         lost = len(old) * _lost_seconds(record, notice, at)
         record.resize_losses.append([now, lost])
         record.resizes += 1
-        record.last_resized_at = now
+        if notice.resize_kind == "shrink":
+            record.last_resized_at = now  # as `Shell.shrunk` has it; a grow's is its notice
         record.observed_exit_s = took
         record.notice = None
         record.gpu_ids = new
