@@ -132,6 +132,17 @@ def test_an_eviction_is_chosen_when_it_loses_less():
     assert "shrinking elastic jobs instead would lose 1440 GPU-s" in notice.reason
 
 
+def test_a_tie_goes_to_the_shrink():
+    """Neither job has reported a cost: both estimates are 0 GPU-s, and the shrink keeps the
+    elastic job running on the rest of its GPUs."""
+    cfg, snap = _tier_conflict(elastic_save=0.0, rigid_save=0.0)
+    result = schedule(snap, NOW, OURS, cfg)
+    assert not result.preempt
+    assert [(r.job_id, r.gpus, r.kind, r.lost_gpu_s) for r in result.resize] == [
+        ("e", 4, "shrink", 0.0)
+    ]
+
+
 def test_the_priority_baseline_shrinks_whatever_it_costs():
     cfg, snap = _tier_conflict(elastic_save=120.0, rigid_save=5.0)
     result = schedule(snap, NOW, BY_PRIORITY, cfg)
@@ -298,7 +309,7 @@ def test_a_resize_is_never_chosen_when_an_eviction_loses_less(w):
 
     priced, evictions = search(ElasticMode.PRICED), search(ElasticMode.OFF)
     if priced is not None and priced.shrinks:
-        assert evictions is None or evictions.lost_gpu_s > priced.lost_gpu_s
+        assert evictions is None or evictions.lost_gpu_s >= priced.lost_gpu_s
     if evictions is not None and (priced is None or not priced.shrinks):
         assert priced is not None  # an eviction plan is never lost by weighing shrinks
 
