@@ -75,9 +75,10 @@ class PolicySettings:
     elastic: ElasticMode | None = None
     """How elastic jobs are resized (off, priced, priority); None: the policy's own mode.
     It never makes a policy that does not resize start to (`policy.effective_elastic`)."""
-    grow_payback: float = 4.0
-    """Grow a shrunk job only when the GPU-seconds it gains over its expected remaining run
-    are at least this many times the resize's cost (docs/internals/grow-when-it-pays.md)."""
+    grow_payback: float = 2.0
+    """Grow a shrunk job only when the GPU-seconds it gains on GPUs nobody else is expected to
+    want are at least this many times the resize's cost plus any expected shrink back
+    (docs/internals/grow-when-it-pays.md)."""
     resize_interval_s: float = 60.0
     """No job is resized twice within this long, or within `resize_interval_multiple` times
     its save plus restore if that is longer."""

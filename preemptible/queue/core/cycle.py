@@ -30,8 +30,9 @@ The phases, as in kueue's `schedule()`:
    grace: they are the first reclaimed when another queue within its limit needs the capacity
    (`preemption.py`, rule 4), so the limit costs the others one grace, not idle GPUs.
 6. **Grow** (`_grow`, elastic jobs). What is still free, when no reservation drains capacity
-   and no pending job could use it, goes to shrunk elastic jobs whose remaining run pays for
-   the resize (`elastic.grow_pays`).
+   and no pending job could use it, goes to shrunk elastic jobs when what they gain on GPUs
+   nobody else is expected to want pays for the resize and any expected shrink back
+   (`elastic.grow_price`).
 
 Elastic jobs (`elastic.py`) are also admitted at a smaller size in their range when their full
 size does not fit (3.2), and victim searches may shrink them instead of evicting (3.3).
@@ -52,7 +53,13 @@ from preemptible.queue.core import elastic, reasons
 from preemptible.queue.core.backfill import Reservation, Started, may_backfill, plan_reservation
 from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.core.defrag import MovePlan, find_moves
-from preemptible.queue.core.elastic import grow_pays, larger_sizes, may_resize, next_resize_at
+from preemptible.queue.core.elastic import (
+    grow_price,
+    idle_horizon_s,
+    larger_sizes,
+    may_resize,
+    next_resize_at,
+)
 from preemptible.queue.core.ledger import Ledger
 from preemptible.queue.core.model import (
     Admit,
@@ -149,6 +156,9 @@ class _Cycle:
         self.resizes: list[Resize] = []
         self.grow_at: float | None = None
         """When a shrunk job that may not be resized yet may grow (`CycleResult.wake_at`)."""
+        self.arrived_gpus: float | None = None
+        """GPUs asked by the jobs still here that arrived within the last `default_estimate`
+        (`_idle_horizon_s`), counted at the first grow priced in the cycle."""
         self.reserves: list[Reserve] = []
         self.reasons: dict[str, str] = {}
         self.default_reason = reasons.WAITING_TURN
@@ -711,29 +721,33 @@ class _Cycle:
     def _maybe_grow(self, rj: RunningJob) -> None:
         job, ledger, policy = rj.job, self.ledger, self.config.policy
         grace = victim_grace_s(job, self.policy, self.config.preemption)
+        priced = self.elastic is ElasticMode.PRICED
         for gpus in larger_sizes(rj):
             extra = job.at_size(gpus) - rj.held
             if not ledger.fits_by_count(extra):
                 continue
-            if (
-                self.policy.quotas
-                and check_quota(self.st.queues[job.queue], ledger.alloc[job.queue], extra)
-                is QuotaVerdict.OVER_LIMIT
-            ):
-                continue
+            verdict = QuotaVerdict.WITHIN_NOMINAL
+            if self.policy.quotas:
+                verdict = check_quota(self.st.queues[job.queue], ledger.alloc[job.queue], extra)
+                if verdict is QuotaVerdict.OVER_LIMIT:
+                    continue
             on = self._grow_on(rj, extra.gpus)
             if on is None:
                 continue
-            pays, gained, cost = grow_pays(
+            price = grow_price(
                 rj,
                 gpus,
                 now=self.now,
                 grace_s=grace,
+                idle_s=self._idle_horizon_s(rj, extra.gpus) if priced else INF,
+                reclaimable=(
+                    verdict is QuotaVerdict.BORROWING
+                    and self._owed_elsewhere(job.queue) > ledger.free.gpus - extra.gpus
+                ),
                 policy=policy,
                 settings=self.config.preemption,
             )
-            priced = self.elastic is ElasticMode.PRICED
-            if priced and not pays:
+            if priced and not price.pays:
                 continue
             ledger.grow(rj, extra, on)
             self.order.changed(job.queue)
@@ -742,26 +756,58 @@ class _Cycle:
             merged = dict(rj.placement)
             for node, g in on:
                 merged[node] = merged.get(node, 0) + g
-            reason = reasons.grown(
-                job,
-                rj.size,
-                gpus,
-                gained_gpu_s=gained,
-                lost_gpu_s=cost,
-                payback=policy.grow_payback if priced else 0.0,
-            )
             self.resizes.append(
                 Resize(
                     job_id=job.id,
                     gpus=gpus,
                     grace_s=grace,
                     kind="grow",
-                    lost_gpu_s=cost,
+                    lost_gpu_s=price.resize_gpu_s,
                     placement=tuple(sorted(merged.items())),
-                    reason=reason,
+                    reason=reasons.grown(job, rj.size, gpus, price, by_priority=not priced),
                 )
             )
             return
+
+    def _idle_horizon_s(self, rj: RunningJob, extra_gpus: float) -> float:
+        """How long `extra_gpus` of what is free now are expected to stay unwanted
+        (`elastic.idle_horizon_s`): pending jobs the walk did not start and their quota allows,
+        each at its smallest size, and new jobs at the rate the jobs still here arrived over
+        the last `default_estimate` (not counting `rj` itself: its demand is what the grow
+        serves), against the running jobs' expected ends."""
+        st = self.st
+        needs = []
+        for group in st.groups.values():
+            job = next((j for j in group.jobs if j.id not in self.started), None)
+            if job is None or self._quota(job) is QuotaVerdict.OVER_LIMIT:
+                continue
+            needs.append(job.at_size(job.sizes()[-1]).gpus)
+        window = self.config.policy.default_estimate_s
+        since = self.now - window
+        if self.arrived_gpus is None:
+            jobs = [*st.pending.values(), *(r.job for r in st.running.values())]
+            self.arrived_gpus = sum(j.request.gpus for j in jobs if j.submitted_at > since)
+        own = rj.job.request.gpus if rj.job.submitted_at > since else 0
+        rate = (self.arrived_gpus - own) / window if window > 0 else 0.0
+        running = st.running
+        return idle_horizon_s(
+            self.ledger.free.gpus,
+            extra_gpus,
+            needs=needs,
+            ends=[(at, running[j].held.gpus) for at, j in st.ends if j in running],
+            arrivals_gpus_per_s=rate,
+            now=self.now,
+        )
+
+    def _owed_elsewhere(self, queue: str) -> float:
+        """GPUs the other queues' nominal quotas promise and they do not hold: what their
+        next jobs may reclaim from borrowers."""
+        total = self.st.cluster.gpus
+        return sum(
+            min(total, max(0.0, q.nominal.gpus - self.ledger.alloc[q.name].gpus))
+            for q in self.st.queues.values()
+            if q.name != queue
+        )
 
     def _grow_on(self, rj: RunningJob, extra: int) -> Placement | None:
         """Where `rj` may take `extra` GPUs: on the nodes it holds first, then on the emptiest

@@ -19,12 +19,15 @@ job's minimum) is `ElasticMode.PRIORITY`; it ignores both prices.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from preemptible.queue.core.config import PolicySettings, PreemptionSettings
 from preemptible.queue.core.model import Job, RunningJob
 from preemptible.queue.core.negotiation import counted_restore_s
 from preemptible.queue.core.placement import Placement
+
+INF = float("inf")
 
 
 def resize_lost_gpu_s(
@@ -146,22 +149,109 @@ def next_resize_at(job: Job, settings: PolicySettings) -> float:
     return job.last_resized_at + resize_interval_s(job, settings)
 
 
-def grow_pays(
+def resize_restore_s(job: Job, settings: PreemptionSettings) -> float:
+    """The restore a resize's restart pays: the job's measured restore or, when it has none yet
+    (it never restored), its save: the restart reads back what the resize's save just wrote."""
+    return counted_restore_s(job.restore_s if job.restore_s > 0 else job.save_s, settings)
+
+
+def idle_horizon_s(
+    free_gpus: float,
+    extra_gpus: float,
+    *,
+    needs: Iterable[float],
+    ends: Iterable[tuple[float, float]],
+    arrivals_gpus_per_s: float,
+    now: float,
+) -> float:
+    """How long `extra_gpus` of the `free_gpus` are expected to stay unwanted by other work:
+    seconds until the first of
+
+    - a pending job needing `needs` GPUs could start by count, as the running jobs free their
+      GPUs at their expected ends (`ends`: (time, GPUs) in time order; a job past its end is
+      taken to end now, as backfill does);
+    - new jobs, asking `arrivals_gpus_per_s` GPUs a second, have asked for more than the GPUs
+      free then without the grow's.
+
+    inf when neither happens."""
+    least = min(needs, default=INF)
+    supply, start = free_gpus, 0.0
+    for at, gpus in (*ends, (INF, 0.0)):
+        end = max(0.0, at - now)
+        if end > start:  # supply stays the same over [start, end)
+            if supply >= least:
+                return start
+            if arrivals_gpus_per_s > 0:
+                wanted = (supply - extra_gpus) / arrivals_gpus_per_s
+                if wanted < end:
+                    return max(start, wanted)
+            start = end
+        supply += gpus
+    return INF
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GrowPrice:
+    """What growing a job gains and costs, in GPU-seconds (docs/internals/grow-when-it-pays.md)."""
+
+    gained_gpu_s: float
+    """The added GPUs over the part of its remaining run they would otherwise idle."""
+    resize_gpu_s: float
+    """What the grow itself loses: a save on the GPUs it holds, a restore on all after."""
+    back_gpu_s: float
+    """What shrinking it back loses, when that is expected (0 when it is not)."""
+    idle_s: float
+    """How long the added GPUs are expected to stay unwanted by others (`idle_horizon_s`)."""
+    payback: float
+    """The gain must be at least this many times the cost (`grow_payback`)."""
+
+    @property
+    def cost_gpu_s(self) -> float:
+        """The grow and the expected shrink back."""
+        return self.resize_gpu_s + self.back_gpu_s
+
+    @property
+    def pays(self) -> bool:
+        """gained >= payback x (grow + expected shrink back)."""
+        return self.gained_gpu_s >= self.payback * self.cost_gpu_s
+
+
+def grow_price(
     running: RunningJob,
     gpus_after: int,
     *,
     now: float,
     grace_s: float,
+    idle_s: float,
+    reclaimable: bool,
     policy: PolicySettings,
     settings: PreemptionSettings,
-) -> tuple[bool, float, float]:
-    """Whether growing `running` to `gpus_after` pays: (pays, gained GPU-s, resize GPU-s).
+) -> GrowPrice:
+    """Price growing `running` to `gpus_after` (docs/internals/grow-when-it-pays.md):
 
-    Gained: the added GPUs over its expected remaining run, GPU-seconds that would otherwise
-    idle (a grow takes only what no pending job can use). It pays when that is at least
-    `grow_payback` times the resize's cost (docs/internals/grow-when-it-pays.md).
+        gained = (after - now) x min(remaining run, idle horizon)
+        cost   = grow + [idle horizon < remaining run, or reclaimable] x shrink back
+        pays when gained >= grow_payback x cost
+
+    `idle_s`: how long the added GPUs would otherwise stay unwanted (`idle_horizon_s`);
+    `reclaimable`: the grow would borrow GPUs another queue's nominal quota may reclaim.
     """
+    job = running.job
     remaining = remaining_run_s(running, now, policy.default_estimate_s)
-    gained = (gpus_after - running.size) * remaining
-    cost = resize_lost_gpu_s(running, gpus_after, now, grace_s, settings)
-    return gained >= policy.grow_payback * cost, gained, cost
+    gained = (gpus_after - running.size) * min(remaining, idle_s)
+    restore = resize_restore_s(job, settings)
+    if job.checkpoint_on_notice and job.save_s <= grace_s:
+        unsaved = job.save_s
+    else:
+        unsaved = max(0.0, now - running.checkpoint_time(now))
+    grow = running.size * unsaved + gpus_after * restore
+    back = 0.0
+    if idle_s < remaining or reclaimable:
+        back = gpus_after * unsaved + running.size * restore
+    return GrowPrice(
+        gained_gpu_s=gained,
+        resize_gpu_s=grow,
+        back_gpu_s=back,
+        idle_s=idle_s,
+        payback=policy.grow_payback,
+    )

@@ -26,8 +26,9 @@ its jobs that were already told to go.
 
 An allowed victim that is elastic may instead be shrunk toward its minimum (`elastic.py`,
 `VictimSearch._shrink_or_evict`): the same reasons allow it, it gets the same grace, and the
-plan with shrinks is chosen only when it loses less than the plan of evictions alone, so work
-within nominal quota still waits at most one grace for what it is owed.
+plan with shrinks is chosen when it loses no more than the plan of evictions alone (never when
+an eviction loses strictly less), so work within nominal quota still waits at most one grace for
+what it is owed.
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ class VictimSearch:
         self, job: Job, candidates: list[Candidate], scope: _Scope, plan: VictimPlan | None
     ) -> VictimPlan | None:
         """The plan of evictions alone, or one that shrinks elastic jobs instead: the cheaper
-        (`ElasticMode.PRICED`, evictions on a tie), or any that shrinks (`PRIORITY`)."""
+        (`ElasticMode.PRICED`, the shrinks on a tie), or any that shrinks (`PRIORITY`)."""
         shrinks = self._shrinks(candidates)
         if not shrinks:
             return plan
@@ -235,8 +236,10 @@ class VictimSearch:
         if (
             self.elastic is ElasticMode.PRICED
             and plan is not None
-            and plan.lost_gpu_s <= mixed.lost_gpu_s
+            and plan.lost_gpu_s < mixed.lost_gpu_s
         ):
+            # A tie goes to the shrink: an eviction gives up all the victim's GPUs until it is
+            # readmitted, a shrink keeps it running on the rest.
             chosen = plan
         return dataclasses.replace(
             chosen, evict_lost_gpu_s=evict, shrink_lost_gpu_s=mixed.lost_gpu_s

@@ -8,10 +8,14 @@ job waits for, in the terms of `docs/user-guide/scheduling.md`. Reasons of pendi
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from preemptible.queue.core.model import Job, Queue
 from preemptible.queue.core.placement import Placement
 from preemptible.queue.core.quota import QuotaVerdict, describe_limit, gpus
+
+if TYPE_CHECKING:
+    from preemptible.queue.core.elastic import GrowPrice
 
 WAITING_TURN = "pending: waiting for its turn"
 NOTHING_TO_PREEMPT = "pending: no free GPUs and nothing it may preempt"
@@ -242,14 +246,18 @@ def making_room(evicted: Iterable[str], shrunk: Iterable[str]) -> str:
     return f"pending: {' and '.join(parts)} to make room; starts when they have saved"
 
 
-def grown(
-    job: Job, size: int, gpus_after: int, *, gained_gpu_s: float, lost_gpu_s: float, payback: float
-) -> str:
-    """Why an elastic job grows; `payback` 0: it grows whenever GPUs idle (priority mode)."""
+def grown(job: Job, size: int, gpus_after: int, price: GrowPrice, *, by_priority: bool) -> str:
+    """Why an elastic job grows; `by_priority`: whenever GPUs idle, whatever it costs."""
     head = f"resized: grows from {size} to {gpus_after} of {job.request.gpus} GPUs on idle GPUs"
-    if not payback:
-        return f"{head} no pending job can use; resizing loses {lost_gpu_s:.0f} GPU-s"
+    if by_priority:
+        return f"{head} no pending job can use; resizing loses {price.resize_gpu_s:.0f} GPU-s"
+    idle = (
+        "no pending job is expected to want"
+        if price.idle_s == float("inf")
+        else (f"no pending job is expected to want for {price.idle_s / 3600:.1f} h")
+    )
+    back = f" and {price.back_gpu_s:.0f} GPU-s for being shrunk back" if price.back_gpu_s else ""
     return (
-        f"{head} no pending job can use: it gains {gained_gpu_s:.0f} GPU-s over its expected "
-        f"remaining run, at least {payback:g} x the {lost_gpu_s:.0f} GPU-s the resize loses"
+        f"{head} {idle}: it gains {price.gained_gpu_s:.0f} GPU-s, at least {price.payback:g} x "
+        f"the {price.resize_gpu_s:.0f} GPU-s the resize loses{back}"
     )

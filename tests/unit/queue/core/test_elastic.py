@@ -20,7 +20,12 @@ from preemptible.queue.core import (
     get_policy,
     schedule,
 )
-from preemptible.queue.core.elastic import resize_interval_s
+from preemptible.queue.core.elastic import (
+    grow_price,
+    idle_horizon_s,
+    resize_interval_s,
+    resize_restore_s,
+)
 from preemptible.queue.core.ledger import Ledger
 from preemptible.queue.core.preemption import VictimSearch
 from preemptible.sim import SimOptions, Simulator, TraceJob
@@ -132,6 +137,17 @@ def test_an_eviction_is_chosen_when_it_loses_less():
     assert "shrinking elastic jobs instead would lose 1440 GPU-s" in notice.reason
 
 
+def test_a_tie_goes_to_the_shrink():
+    """Neither job has reported a cost: both estimates are 0 GPU-s, and the shrink keeps the
+    elastic job running on the rest of its GPUs."""
+    cfg, snap = _tier_conflict(elastic_save=0.0, rigid_save=0.0)
+    result = schedule(snap, NOW, OURS, cfg)
+    assert not result.preempt
+    assert [(r.job_id, r.gpus, r.kind, r.lost_gpu_s) for r in result.resize] == [
+        ("e", 4, "shrink", 0.0)
+    ]
+
+
 def test_the_priority_baseline_shrinks_whatever_it_costs():
     cfg, snap = _tier_conflict(elastic_save=120.0, rigid_save=5.0)
     result = schedule(snap, NOW, BY_PRIORITY, cfg)
@@ -207,6 +223,51 @@ def test_a_shrunk_job_does_not_grow_while_a_pending_job_could_use_the_gpus():
     snap = snapshot(cfg, pending=[waiting], running_jobs=[run(e, started=NOW - 4000, gpus=4)])
     result = schedule(snap, NOW, OURS, cfg)
     assert [a.job_id for a in result.admit] == ["w"] and not result.resize
+
+
+@pytest.mark.parametrize("pending", [True, False], ids=["pending-soon", "none-pending"])
+def test_a_shrunk_job_does_not_grow_onto_gpus_a_pending_job_will_want_soon(pending):
+    """4 GPUs free; a rigid 4-GPU job ends in 10 minutes, and then a pending 6-GPU job fits:
+    the 4 GPUs would idle only 600 s, 2400 GPU-s, less than 2 x (grow + shrink back)."""
+    cfg = config(gpus=12, queues={"a": (1.0, 12, INF)})
+    e = elastic(job("e", gpus=8, save=60.0, restore=60.0, estimate=90_000.0), 4, 4)
+    r = job("r", gpus=4, estimate=4_600.0, at=NOW - 20_000)  # no recent arrivals
+    waiting = [job("w", gpus=6, at=NOW - 100)] if pending else []
+    running = [run(e, started=NOW - 4000, gpus=4), run(r, started=NOW - 4000)]
+    result = schedule(snapshot(cfg, pending=waiting, running_jobs=running), NOW, OURS, cfg)
+    assert [(x.job_id, x.kind) for x in result.resize] == ([] if pending else [("e", "grow")])
+
+
+def test_idle_horizon_is_when_a_pending_job_fits_or_arrivals_want_the_gpus():
+    ends = [(NOW + 600, 4.0), (NOW + 3600, 8.0)]
+    kw = {"ends": ends, "now": NOW}
+    assert idle_horizon_s(4, 4, needs=[6], arrivals_gpus_per_s=0.0, **kw) == 600
+    assert idle_horizon_s(4, 4, needs=[10], arrivals_gpus_per_s=0.0, **kw) == 3600
+    assert idle_horizon_s(4, 4, needs=[], arrivals_gpus_per_s=0.0, **kw) == INF
+    # New jobs asking 1 GPU a minute want the 2 GPUs a grow of 2 leaves free after 120 s.
+    assert idle_horizon_s(4, 2, needs=[], arrivals_gpus_per_s=1 / 60, **kw) == pytest.approx(120)
+    # A grow taking all that is free is wanted back at once when new jobs keep arriving.
+    assert idle_horizon_s(4, 4, needs=[], arrivals_gpus_per_s=1 / 60, **kw) == 0
+
+
+def test_a_grow_onto_reclaimable_gpus_is_charged_the_shrink_back():
+    cfg = config(gpus=8, queues={"a": (1.0, 8, INF)})
+    e = elastic(job("e", gpus=8, save=60.0, restore=60.0, estimate=90_000.0), 4, 4)
+    rj = run(e, started=NOW - 4000, gpus=4)
+    kw = {"now": NOW, "grace_s": 600.0, "policy": cfg.policy, "settings": cfg.preemption}
+    safe = grow_price(rj, 8, idle_s=INF, reclaimable=False, **kw)
+    borrowed = grow_price(rj, 8, idle_s=INF, reclaimable=True, **kw)
+    assert safe.back_gpu_s == 0 and safe.resize_gpu_s == pytest.approx(4 * 60 + 8 * 60)
+    assert borrowed.back_gpu_s == pytest.approx(8 * 60 + 4 * 60)
+    short = grow_price(rj, 8, idle_s=300.0, reclaimable=False, **kw)
+    assert short.gained_gpu_s == pytest.approx(4 * 300) and short.back_gpu_s > 0
+    assert safe.pays and not short.pays
+
+
+def test_a_resize_restore_is_the_save_for_a_job_that_never_restored():
+    e = elastic(job("e", gpus=8, save=60.0, restore=0.0, estimate=90_000.0), 4, 4)
+    settings = config(gpus=8, queues={"a": (1.0, 8, INF)}).preemption
+    assert resize_restore_s(e, settings) == 60.0
 
 
 def test_a_shrunk_job_resized_recently_waits_and_the_cycle_asks_to_wake_for_it():
@@ -298,7 +359,7 @@ def test_a_resize_is_never_chosen_when_an_eviction_loses_less(w):
 
     priced, evictions = search(ElasticMode.PRICED), search(ElasticMode.OFF)
     if priced is not None and priced.shrinks:
-        assert evictions is None or evictions.lost_gpu_s > priced.lost_gpu_s
+        assert evictions is None or evictions.lost_gpu_s >= priced.lost_gpu_s
     if evictions is not None and (priced is None or not priced.shrinks):
         assert priced is not None  # an eviction plan is never lost by weighing shrinks
 
