@@ -361,7 +361,8 @@ class JobRuns:
             "lost_gpu_s": round(lost, 3),
             "gpus": new,
         }
-        reason = f"resized from {len(old)} to {len(new)} GPUs: {notice.reason}"
+        why = notice.reason.removeprefix("resized: ")  # the core's reason says it once
+        reason = f"resized from {len(old)} to {len(new)} GPUs: {why}"
         self._start_attempt(record, now, reason, "resized", data)
 
     def _drop_grown(self, record: JobRecord) -> None:
