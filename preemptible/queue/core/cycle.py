@@ -625,7 +625,7 @@ class _Cycle:
                 shrunk.append(vjob.id)
                 continue
             self.search.take(vjob)
-            self.ledger.leave(v.running)
+            self.ledger.leave(v.running, v.leaves())
             names.append(vjob.id)
             reason = reasons.preempted(
                 vjob,
@@ -638,6 +638,8 @@ class _Cycle:
                 reason = reasons.evicted_over_shrink(
                     reason, plan.shrink_lost_gpu_s, plan.lost_gpu_s
                 )
+            if v.shrinking_to is not None:
+                reason = reasons.evicted_while_shrinking(reason, v.shrinking_to)
             self.preempts.append(
                 Preempt(
                     job_id=vjob.id,
@@ -651,7 +653,7 @@ class _Cycle:
             )
         # Victims chosen: the queue budgets and what each queue borrows have changed.
         self.search.forget_eligible()
-        freed = sum(v.running.size - (v.gpus_after or 0) for v in plan.victims)
+        freed = sum(v.leaves().gpus for v in plan.victims)
         self.incoming += max(0, freed + max(0, int(self.ledger.free.gpus)) - job.request.gpus)
         self._hold(job, plan.placement or ())
         if shrunk:
