@@ -422,6 +422,33 @@ def test_off_never_emits_a_resize_nor_a_smaller_admission(w):
     assert not result.resize and all(a.gpus is None for a in result.admit)
 
 
+def test_in_the_simulator_a_job_evicted_while_it_saves_for_a_shrink_leaves_when_saved():
+    """b1 (8 GPUs, 200 s save) is shrunk to 6 for b2 at 3000 s; a1, owed 4 GPUs since 2900 s,
+    evicts it at 3130 s: it leaves when its save ends (3200 s) instead of restarting at 6,
+    and both start then. The shrink's restart, and its restore, never happen."""
+    cfg = config(gpus=8, queues={"a": (1.0, 4, INF), "b": (1.0, 4, INF)})
+    trace = [
+        TraceJob(
+            job_id="b1",
+            submit_s=0.0,
+            duration_s=20_000.0,
+            gpus=8,
+            queue="b",
+            tier="low",
+            checkpoint_s=200.0,
+            min_gpus=2,
+        ),
+        TraceJob(job_id="b2", submit_s=3000.0, duration_s=500.0, gpus=2, queue="b", tier="high"),
+        TraceJob(job_id="a1", submit_s=2900.0, duration_s=500.0, gpus=4, queue="a"),
+    ]
+    result = Simulator(trace, cfg, OURS, SimOptions(cycle_interval_s=0.0)).run()
+    b1, b2, a1 = result.records
+    assert b1.resize_log[0] == (3000.0, 8 * 200.0, "shrink")  # the save; no restore at 6
+    assert b1.lost_log == [(3130.0, 8 * 200.0, "reclaim")]  # its restore at its next start
+    assert (b1.preemptions, b1.shrinks, b1.runs[0]) == (1, 1, (0.0, 3200.0))
+    assert a1.first_start_s == b2.first_start_s == 3200.0
+
+
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000))
 def test_work_within_nominal_waits_at_most_reclaim_within_when_borrowers_are_elastic(seed):
