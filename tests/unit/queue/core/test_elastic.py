@@ -6,7 +6,7 @@ import dataclasses
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from preemptible.errors import ConfigError
@@ -451,6 +451,11 @@ def test_in_the_simulator_a_job_evicted_while_it_saves_for_a_shrink_leaves_when_
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000))
+@example(seed=8)  # a tier shrink, then a reclaim that waited for its save (two graces)
+@example(seed=32)  # the same, where the reclaim needs what the shrink gives up too
+@example(seed=149)  # a tier eviction of a job saving for a shrink: it leaves once saved
+@example(seed=215)  # a borrower admitted at a smaller size while a reclaim waited
+@example(seed=268)  # the same, a borrower evicted and readmitted smaller
 def test_work_within_nominal_waits_at_most_reclaim_within_when_borrowers_are_elastic(seed):
     rng = random.Random(seed)
     cfg = config(
