@@ -21,7 +21,9 @@ measured in seconds at its full size, and it progresses at `gpus now / gpus aske
 A `Resize` makes it save (an aware job saves at once; a periodic one loses its work since its
 last checkpoint, as for a notice) and restart at the new size, paying its restore: lost
 GPU-seconds = GPUs before x save + GPUs after x restore, charged at the notice. A shrink holds
-its GPUs until it has saved; a grow holds its new ones from the notice.
+its GPUs until it has saved; a grow holds its new ones from the notice. A job evicted while it
+saves for a shrink leaves when that save ends, and its restart at the smaller size (with the
+restore charged for it) never happens.
 """
 
 from __future__ import annotations
