@@ -21,7 +21,9 @@ measured in seconds at its full size, and it progresses at `gpus now / gpus aske
 A `Resize` makes it save (an aware job saves at once; a periodic one loses its work since its
 last checkpoint, as for a notice) and restart at the new size, paying its restore: lost
 GPU-seconds = GPUs before x save + GPUs after x restore, charged at the notice. A shrink holds
-its GPUs until it has saved; a grow holds its new ones from the notice.
+its GPUs until it has saved; a grow holds its new ones from the notice. A job evicted while it
+saves for a shrink leaves when that save ends, and its restart at the smaller size (with the
+restore charged for it) never happens.
 """
 
 from __future__ import annotations
@@ -375,6 +377,8 @@ class Simulator:
         loses is charged now."""
         job = running.job
         rec = self.records[job.id]
+        if rec.shrink_to is not None:
+            return self._noticed_while_shrinking(notice, running, now)
         gpus = max(running.size, 1)
         finish_at = self._finish_at(rec)
         save = job.save_s
@@ -398,6 +402,31 @@ class Simulator:
         rec.lost_gpu_s += lost
         rec.lost_log.append((now, lost, notice.kind))
         rec.saved_s = new_saved
+        rec.run_token += 1
+        self._push(exit_at, _EXIT, job.id, rec.run_token)
+        return Leaving(at=exit_at)
+
+    def _noticed_while_shrinking(self, notice: Preempt, running: RunningJob, now: float) -> Leaving:
+        """A notice to a job whose shrink is saving: it leaves when that save ends instead of
+        restarting smaller. The shrink's restart is cancelled, and the restore charged for it
+        with it; what it loses now is the restore of all it held at its next start."""
+        job = running.job
+        rec = self.records[job.id]
+        assert rec.shrink_to is not None
+        gpus_after, _ = rec.shrink_to
+        rec.shrink_to = None
+        exit_at = rec.run_start_s  # the shrink's restart
+        refund = gpus_after * rec.run_restore_s
+        at, resize_lost, kind = rec.resize_log[-1]
+        rec.resize_log[-1] = (at, resize_lost - refund, kind)
+        rec.resize_lost_gpu_s -= refund
+        lost = max(running.size, 1) * job.save_s if rec.saved_s > 0 else 0.0
+        rec.lost_gpu_s += lost - refund
+        if notice.restart_on:
+            rec.moves += 1
+        rec.preemptions += 1
+        rec.last_preempted_at = now
+        rec.lost_log.append((now, lost, notice.kind))
         rec.run_token += 1
         self._push(exit_at, _EXIT, job.id, rec.run_token)
         return Leaving(at=exit_at)

@@ -320,20 +320,22 @@ class _Cycle:
             self.over_limit.append(gkey)
             return Step.STOP if self.policy.head_of_line else Step.SKIP
         placement = self.ledger.place(job.request)
+        full = None
         if placement is None:
             smaller = self._smaller_fit(job)
             if smaller is None:
                 return self._blocked(job, verdict)
-            sized, placement, verdict = smaller
-            return self._start(sized, placement, verdict, depth, gkey, full=job)
+            full = job
+            job, placement, verdict = smaller
         if self.patience is not None:
+            # At a smaller size too: an elastic job would borrow with the same grace.
             blocked = self.patience.blocks_borrower(job, verdict)
             if blocked is not None:
                 self.reasons[job.id] = reasons.BORROWER_BLOCKED
                 if blocked == "queue":
                     return Step.SKIP  # its queue's jobs are too slow to save: the group waits
                 return self._deeper(depth, gkey)  # its own save: the next may be quicker
-        return self._start(job, placement, verdict, depth, gkey)
+        return self._start(job, placement, verdict, depth, gkey, full=full)
 
     def _deeper(self, depth: dict[GroupKey, int], gkey: GroupKey) -> Step:
         """Look further into a group whose job was refused for a reason of its own, up to the
@@ -623,7 +625,7 @@ class _Cycle:
                 shrunk.append(vjob.id)
                 continue
             self.search.take(vjob)
-            self.ledger.leave(v.running)
+            self.ledger.leave(v.running, v.leaves())
             names.append(vjob.id)
             reason = reasons.preempted(
                 vjob,
@@ -636,6 +638,8 @@ class _Cycle:
                 reason = reasons.evicted_over_shrink(
                     reason, plan.shrink_lost_gpu_s, plan.lost_gpu_s
                 )
+            if v.shrinking_to is not None:
+                reason = reasons.evicted_while_shrinking(reason, v.shrinking_to)
             self.preempts.append(
                 Preempt(
                     job_id=vjob.id,
@@ -649,7 +653,7 @@ class _Cycle:
             )
         # Victims chosen: the queue budgets and what each queue borrows have changed.
         self.search.forget_eligible()
-        freed = sum(v.running.size - (v.gpus_after or 0) for v in plan.victims)
+        freed = sum(v.leaves().gpus for v in plan.victims)
         self.incoming += max(0, freed + max(0, int(self.ledger.free.gpus)) - job.request.gpus)
         self._hold(job, plan.placement or ())
         if shrunk:

@@ -28,7 +28,8 @@ An allowed victim that is elastic may instead be shrunk toward its minimum (`ela
 `VictimSearch._shrink_or_evict`): the same reasons allow it, it gets the same grace, and the
 plan with shrinks is chosen when it loses no more than the plan of evictions alone (never when
 an eviction loses strictly less), so work within nominal quota still waits at most one grace for
-what it is owed.
+what it is owed. For the same reason a job whose shrink is under way is never shrunk again but
+may be evicted, priced as an eviction of all it holds (`docs/internals/shrink-or-evict.md`).
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ class Price(NamedTuple):
     order: tuple[float | str, ...]
     lost_gpu_s: float
     grace_s: float
+    shrinking_to: int | None = None
+    """The size a shrink under way takes it to (`Candidate.shrinking_to`); None: none is."""
 
 
 class _Scope(NamedTuple):
@@ -250,7 +253,9 @@ class VictimSearch:
         out = []
         for c in candidates:
             rj = c.running
-            if not rj.job.is_elastic or not may_resize(rj.job, self.now, self.policy_settings):
+            if c.shrinking_to is not None or not rj.job.is_elastic:
+                continue  # a job whose shrink is under way is never shrunk again
+            if not may_resize(rj.job, self.now, self.policy_settings):
                 continue
             option = shrink_option(rj, self.now, c.grace_s, self.settings)
             if option is None:
@@ -362,7 +367,7 @@ class VictimSearch:
                     continue
             for rj in running.values():
                 vjob = rj.job
-                if rj.terminating or vjob.id in self.taken or vjob.id in self.state.shrinking:
+                if rj.terminating or vjob.id in self.taken:
                     continue
                 tier_ok = tier_q and vjob.tier.rank < rank
                 loan_ok = loan_q and _on_loan_to(rj, job)
@@ -385,7 +390,16 @@ class VictimSearch:
                     else "beyond_limit"
                 )
                 price = self._price(rj)
-                found.append(Candidate(price.order, rj, price.lost_gpu_s, price.grace_s, kind))
+                found.append(
+                    Candidate(
+                        price.order,
+                        rj,
+                        price.lost_gpu_s,
+                        price.grace_s,
+                        kind,
+                        shrinking_to=price.shrinking_to,
+                    )
+                )
         found.sort(key=lambda c: c.order)
         return found
 
@@ -396,12 +410,18 @@ class VictimSearch:
             vjob = rj.job
             grace = victim_grace_s(vjob, self.policy, self.settings)
             lost = lost_gpu_seconds(rj, self.now, grace, self.settings)
+            # A job whose shrink is under way may still be evicted (never shrunk again): work
+            # within nominal quota must not wait for that save before it may reclaim. It loses
+            # what an eviction of all it holds loses and frees what the shrink keeps.
+            shrinking = self.state.shrinking.get(vjob.id)
+            to = None if shrinking is None else shrinking[0]
             order: tuple[float | str, ...]
             if self.policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST:
                 order = (vjob.tier.rank, -rj.started_at, vjob.id)
             else:
-                order = (lost / max(rj.size, 1), lost, -rj.started_at, vjob.id)
-            price = self._prices[vjob.id] = Price(order, lost, grace)
+                freed = rj.size if to is None else to
+                order = (lost / max(freed, 1), lost, -rj.started_at, vjob.id)
+            price = self._prices[vjob.id] = Price(order, lost, grace, to)
         return price
 
 

@@ -237,6 +237,11 @@ def evicted_over_shrink(reason: str, shrink_lost_gpu_s: float, plan_lost_gpu_s: 
     )
 
 
+def evicted_while_shrinking(reason: str, gpus_after: int) -> str:
+    """A preemption of a job whose shrink was under way: the notice replaces the resize."""
+    return f"{reason}; replaces its shrink to {gpus_after} GPUs, which was saving"
+
+
 def making_room(evicted: Iterable[str], shrunk: Iterable[str]) -> str:
     """The preemptor's reason when its plan shrinks some jobs."""
     parts = []

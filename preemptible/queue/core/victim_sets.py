@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
 
-from preemptible.queue.core.elastic import ShrinkOption, released
+from preemptible.queue.core.elastic import ShrinkOption, kept, released
 from preemptible.queue.core.model import Job, Queue, Resources, RunningJob, VictimKind
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.quota import QuotaVerdict, check_quota
@@ -40,19 +40,34 @@ class Candidate(NamedTuple):
     kind: VictimKind
     shrink: ShrinkOption | None = None
     """Shrink it to `shrink.gpus_after` instead of evicting it (`elastic.py`); None: evict."""
+    shrinking_to: int | None = None
+    """A shrink to this size is under way (`ClusterState.shrinking`): it may only be evicted.
+    What the shrink gives up is leaving already, for the job it was shrunk for; that job
+    keeps it unless this eviction takes it back (`_TAKEN_BACK`)."""
 
     def frees(self) -> Resources:
-        """What it gives up: all it holds, or what a shrink takes."""
-        held = self.running.held
+        """What it gives up for the blocked job: all it holds, what a shrink takes, or (a
+        shrink under way) what that shrink keeps, or all it holds when taken back."""
+        if self.shrinking_to is not None and self.kind not in _TAKEN_BACK:
+            return self.running.job.at_size(self.shrinking_to)
         if self.shrink is None:
-            return held
-        return held - self.running.job.at_size(self.shrink.gpus_after)
+            return self.running.held
+        return self.running.held - self.running.job.at_size(self.shrink.gpus_after)
 
     def frees_on(self) -> Placement:
-        """The (node, GPUs) it gives up."""
+        """The (node, GPUs) it gives up for the blocked job (`frees`)."""
+        if self.shrinking_to is not None and self.kind not in _TAKEN_BACK:
+            return kept(self.running, self.shrinking_to)
         if self.shrink is None:
             return self.running.placement
         return released(self.running, self.shrink.gpus_after)
+
+    def leaves(self) -> Resources:
+        """What its notice adds to its queue's leaving capacity: what it frees, less what a
+        shrink under way counts as leaving already."""
+        if self.shrinking_to is not None:
+            return self.running.job.at_size(self.shrinking_to)
+        return self.frees()
 
     def larger_shrink(self) -> Candidate | None:
         """The same shrink, giving up fewer GPUs; None when it is not a shrink or cannot."""
@@ -75,6 +90,17 @@ class Victim:
     """Why it may be preempted: "reclaim", "tier", "loan" or "beyond_limit"."""
     gpus_after: int | None = None
     """Shrink it to this many GPUs instead of evicting it; None: evict."""
+    shrinking_to: int | None = None
+    """It is evicted while a shrink to this size is under way (`Candidate.shrinking_to`)."""
+
+    def leaves(self) -> Resources:
+        """What its notice adds to its queue's leaving capacity (`Candidate.leaves`)."""
+        held = self.running.held
+        if self.shrinking_to is not None:
+            return self.running.job.at_size(self.shrinking_to)
+        if self.gpus_after is None:
+            return held
+        return held - self.running.job.at_size(self.gpus_after)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,6 +126,12 @@ class VictimPlan:
         """Whether it shrinks any job."""
         return any(v.gpus_after is not None for v in self.victims)
 
+
+_TAKEN_BACK = frozenset({"reclaim", "beyond_limit"})
+"""Kinds of victim whose shrink under way counts wholly for the blocked job: what the shrink
+gives up was borrowed too, and the job it was given up to would borrow it, so it yields it to
+the reclaim (`cycle.py`'s nominees take their turn in the walk while work within nominal quota
+of another queue waits)."""
 
 QuotaCheck = Callable[[Amounts], bool]
 """Whether the blocked job's queue may take it once its own victims free this much."""
@@ -160,6 +192,7 @@ def cheapest_set(
             grace_s=c.grace_s,
             kind=c.kind,
             gpus_after=None if c.shrink is None else c.shrink.gpus_after,
+            shrinking_to=c.shrinking_to,
         )
         for c in chosen
     )
@@ -192,7 +225,7 @@ class _Borrowed:
         if self.straddle:
             ok = any(u < r - TOLERANCE for u, r in zip(used, room, strict=True))
         else:
-            asked = values(c.frees())
+            asked = values(c.leaves())
             ok = all(
                 u + a <= r + TOLERANCE
                 for u, a, r in zip(used, asked, room, strict=True)
@@ -203,8 +236,9 @@ class _Borrowed:
 
 
 def _tally(taken: dict[str, Amounts], c: Candidate, sign: int) -> None:
-    """Add (sign 1) or remove (-1) `c` from what victims take per queue."""
-    taken.setdefault(c.running.job.queue, Amounts(0.0, 0.0, 0.0)).add(c.frees(), sign)
+    """Add (sign 1) or remove (-1) `c` from what victims take per queue (what it borrows is
+    judged without what is leaving already, `Candidate.leaves`)."""
+    taken.setdefault(c.running.job.queue, Amounts(0.0, 0.0, 0.0)).add(c.leaves(), sign)
 
 
 def _all_allowed(
@@ -463,7 +497,7 @@ def _clearable_nodes(
                 break
             cands.append(c)
         else:
-            held = sum(g for c in cands for n, g in c.running.placement if n == node)
+            held = sum(g for c in cands for n, g in c.frees_on() if n == node)
             if free_gpus + held == per:
                 # In price order: a node's jobs are a set, whose order changes with the hash
                 # seed, and the victims' order decides what a straddling quota allows.

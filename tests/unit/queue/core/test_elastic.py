@@ -6,7 +6,7 @@ import dataclasses
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from preemptible.errors import ConfigError
@@ -199,6 +199,55 @@ def test_a_shrink_reclaims_for_work_within_nominal_quota_within_one_grace():
     assert [a.job_id for a in later.admit] == ["a1"]
 
 
+def _shrinking_borrower():
+    """Queue b borrows 4 with an elastic 8-GPU job, shrinking to 6 for b's tier job b2 (2 GPUs,
+    nominated): the 2 it gives up are leaving, and it saves until NOW + 20."""
+    cfg = config(gpus=8, queues={"a": (1.0, 4, INF), "b": (1.0, 4, INF)})
+    borrower = elastic(job("b1", queue="b", gpus=8, tier="low", save=20.0, restore=20.0), 2, 2)
+    preemptor = job("b2", queue="b", gpus=2, tier="high", at=NOW - 10)
+    snap = snapshot(cfg, pending=[preemptor], running_jobs=[run(borrower, started=NOW - 4000)])
+    snap.state.begin_shrink("b1", 6, at=NOW - 5)
+    snap.state.nominate("b2", NOW - 5)
+    return cfg, snap
+
+
+def test_a_job_whose_shrink_is_under_way_is_evicted_for_work_within_nominal_quota():
+    """a1 is owed 4 GPUs b borrows: it evicts b1 now rather than wait for the shrink's save
+    and then a grace (two graces). Evicting frees all b1 holds: b2 would borrow what the
+    shrink gave it, so it yields it to the reclaim."""
+    cfg, snap = _shrinking_borrower()
+    snap.state.submit(job("a1", queue="a", gpus=4, at=NOW - 1))
+    impatient = dataclasses.replace(OURS, patient_reclaim=False)
+    result = schedule(snap, NOW, impatient, cfg)
+    assert not result.resize
+    (notice,) = result.preempt
+    assert (notice.job_id, notice.for_job, notice.kind) == ("b1", "a1", "reclaim")
+    assert "replaces its shrink to 6 GPUs" in notice.reason
+    assert notice.lost_gpu_s == 8 * (20.0 + 20.0)  # an eviction of all it holds
+
+
+@pytest.mark.parametrize(("gpus", "evicts"), [(6, True), (8, False)], ids=["kept", "all"])
+def test_a_job_whose_shrink_is_under_way_is_never_shrunk_again(gpus, evicts):
+    """A tier preemptor may evict it, counting only what the shrink keeps (6 GPUs): the other
+    2 stay b2's, the tier job the shrink was for."""
+    cfg, snap = _shrinking_borrower()
+    snap.state.submit(job("b3", queue="b", gpus=gpus, tier="high", at=NOW - 1))
+    result = schedule(snap, NOW, OURS, cfg)
+    assert not result.resize
+    assert [(p.job_id, p.for_job) for p in result.preempt] == ([("b1", "b3")] if evicts else [])
+
+
+def test_a_notice_to_a_job_whose_shrink_is_under_way_counts_what_it_gives_up_once():
+    _, snap = _shrinking_borrower()
+    state = snap.state
+    assert state.leaving["b"].gpus == 2 and state.tier_gpus[0] == 6
+    state.mark_terminating("b1", expected_end=NOW + 20.0)
+    assert not state.shrinking and state.leaving["b"].gpus == 8 and state.tier_gpus[0] == 0
+    assert state.nominated.keys() == {"b2"}  # its claim stands: the GPUs free when b1 leaves
+    state.finish("b1")
+    assert state.leaving["b"].gpus == 0 and state.used.gpus == 0 and not state.node_leaving
+
+
 # --- grow ------------------------------------------------------------------------------------
 
 
@@ -373,8 +422,40 @@ def test_off_never_emits_a_resize_nor_a_smaller_admission(w):
     assert not result.resize and all(a.gpus is None for a in result.admit)
 
 
+def test_in_the_simulator_a_job_evicted_while_it_saves_for_a_shrink_leaves_when_saved():
+    """b1 (8 GPUs, 200 s save) is shrunk to 6 for b2 at 3000 s; a1, owed 4 GPUs since 2900 s,
+    evicts it at 3130 s: it leaves when its save ends (3200 s) instead of restarting at 6,
+    and both start then. The shrink's restart, and its restore, never happen."""
+    cfg = config(gpus=8, queues={"a": (1.0, 4, INF), "b": (1.0, 4, INF)})
+    trace = [
+        TraceJob(
+            job_id="b1",
+            submit_s=0.0,
+            duration_s=20_000.0,
+            gpus=8,
+            queue="b",
+            tier="low",
+            checkpoint_s=200.0,
+            min_gpus=2,
+        ),
+        TraceJob(job_id="b2", submit_s=3000.0, duration_s=500.0, gpus=2, queue="b", tier="high"),
+        TraceJob(job_id="a1", submit_s=2900.0, duration_s=500.0, gpus=4, queue="a"),
+    ]
+    result = Simulator(trace, cfg, OURS, SimOptions(cycle_interval_s=0.0)).run()
+    b1, b2, a1 = result.records
+    assert b1.resize_log[0] == (3000.0, 8 * 200.0, "shrink")  # the save; no restore at 6
+    assert b1.lost_log == [(3130.0, 8 * 200.0, "reclaim")]  # its restore at its next start
+    assert (b1.preemptions, b1.shrinks, b1.runs[0]) == (1, 1, (0.0, 3200.0))
+    assert a1.first_start_s == b2.first_start_s == 3200.0
+
+
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000))
+@example(seed=8)  # a tier shrink, then a reclaim that waited for its save (two graces)
+@example(seed=32)  # the same, where the reclaim needs what the shrink gives up too
+@example(seed=149)  # a tier eviction of a job saving for a shrink: it leaves once saved
+@example(seed=215)  # a borrower admitted at a smaller size while a reclaim waited
+@example(seed=268)  # the same, a borrower evicted and readmitted smaller
 def test_work_within_nominal_waits_at_most_reclaim_within_when_borrowers_are_elastic(seed):
     rng = random.Random(seed)
     cfg = config(

@@ -202,3 +202,63 @@ def test_the_api_answers_a_bad_range_with_422_and_a_good_one_shows_it(tmp_path):
         assert says in answer.json()["error"]["message"]
     good = client.post("/v1/jobs", json={**body, "min_gpus": 2}, headers=admin).json()
     assert (good["gpus"], good["min_gpus"], good["gpus_multiple"]) == (4, 2, 1)
+
+
+# Saves on SIGTERM (each one: it writes stopped-{attempt}-{n}), and exits 143 only once the
+# test writes `go`: a second notice reaches it while it is still saving for the first.
+SLOW_SAVE = """
+import os, pathlib, signal, sys, time
+attempt = os.environ["PREEMPTIBLE_ATTEMPT"]
+pathlib.Path(f"attempt-{attempt}.json").write_text(sys.argv[1])
+n = 0
+def stop(*_):
+    global n
+    n += 1
+    pathlib.Path(f"stopped-{attempt}-{n}").write_text("x")
+signal.signal(signal.SIGTERM, stop)
+while not (n and pathlib.Path("go").exists()):
+    time.sleep(0.05)
+sys.exit(143)
+"""
+
+
+def test_a_job_evicted_while_it_saves_for_a_shrink_leaves_and_frees_all_it_held(tmp_path):
+    config = {
+        **CONFIG,
+        "preemption": {**CONFIG["preemption"], "tier_patience": "0s", "min_runtime_max": "0s"},
+        "queues": [{"name": "a", "nominal": {"gpus": 4}}],
+    }
+    m = build_manager(parse_config(config), tmp_path / "state", url="http://127.0.0.1:9")
+    _MANAGERS.append(m)
+    job = m.submit(
+        SubmitRequest(
+            queue="a",
+            command=[PY, "-c", SLOW_SAVE, "{gpus}"],
+            gpus=4,
+            min_gpus=2,
+            tier="low",
+            estimate_s=3600.0,
+            cwd=str(tmp_path),
+        )
+    )
+    until(m, (tmp_path / "attempt-1.json").exists)
+    reports_its_cost(m, job.id)
+    sleep = [PY, "-c", "import time; time.sleep(60)"]
+    normal = m.submit(SubmitRequest(queue="a", command=sleep, gpus=2, tier="normal"))
+    until(m, (tmp_path / "stopped-1-1").exists)  # told to shrink to 2: it saves
+    assert m.jobs[job.id].notice.kind == "resize"
+    high = m.submit(SubmitRequest(queue="a", command=sleep, gpus=2, tier="high"))
+    until(m, (tmp_path / "stopped-1-2").exists)  # evicted while it saves: the notice replaced
+    record = m.jobs[job.id]
+    assert record.notice.kind != "resize" and record.state is JobState.PREEMPTING
+    assert "replaces its shrink to 2 GPUs" in record.notice.reason
+    m.checkpointed(job.id, step=10, at=None)
+    (tmp_path / "go").write_text("x")
+    until(m, lambda: m.get_job(job.id).state is JobState.PENDING)
+    assert record.preemptions == 1 and record.resizes == 0
+    until(m, lambda: all(m.get_job(j.id).state is JobState.RUNNING for j in (normal, high)))
+    assert {*m.get_job(normal.id).gpu_ids, *m.get_job(high.id).gpu_ids} == {0, 1, 2, 3}
+    state = m.shell.state
+    assert not state.shrinking and state.leaving["a"].gpus == 0
+    for j in (job.id, normal.id, high.id):
+        m.cancel(j)
