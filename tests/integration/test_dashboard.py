@@ -325,6 +325,7 @@ def test_the_jobs_table_is_filtered_and_bounded_by_the_server(server: Server, br
 
 
 def test_an_elastic_job_shows_its_size_now_and_its_range(server: Server, browser: Any) -> None:
+    cancel_all(server)  # the jobs of the tests before hold no GPU: 4 are free
     tab = Page(browser, server)
     tab.sign_in("admin-secret")
     with server.client("admin-secret") as admin:
