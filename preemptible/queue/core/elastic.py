@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from preemptible.queue.core.config import PolicySettings, PreemptionSettings
-from preemptible.queue.core.model import Job, RunningJob
+from preemptible.queue.core.model import GrowPrice, Job, RunningJob
 from preemptible.queue.core.negotiation import counted_restore_s
 from preemptible.queue.core.placement import Placement
 
@@ -188,32 +188,6 @@ def idle_horizon_s(
             start = end
         supply += gpus
     return INF
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class GrowPrice:
-    """What growing a job gains and costs, in GPU-seconds (docs/internals/grow-when-it-pays.md)."""
-
-    gained_gpu_s: float
-    """The added GPUs over the part of its remaining run they would otherwise idle."""
-    resize_gpu_s: float
-    """What the grow itself loses: a save on the GPUs it holds, a restore on all after."""
-    back_gpu_s: float
-    """What shrinking it back loses, when that is expected (0 when it is not)."""
-    idle_s: float
-    """How long the added GPUs are expected to stay unwanted by others (`idle_horizon_s`)."""
-    payback: float
-    """The gain must be at least this many times the cost (`grow_payback`)."""
-
-    @property
-    def cost_gpu_s(self) -> float:
-        """The grow and the expected shrink back."""
-        return self.resize_gpu_s + self.back_gpu_s
-
-    @property
-    def pays(self) -> bool:
-        """gained >= payback x (grow + expected shrink back)."""
-        return self.gained_gpu_s >= self.payback * self.cost_gpu_s
 
 
 def grow_price(

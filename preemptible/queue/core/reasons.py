@@ -8,14 +8,10 @@ job waits for, in the terms of `docs/user-guide/scheduling.md`. Reasons of pendi
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-from preemptible.queue.core.model import Job, Queue
+from preemptible.queue.core.model import GrowPrice, Job, Queue
 from preemptible.queue.core.placement import Placement
 from preemptible.queue.core.quota import QuotaVerdict, describe_limit, gpus
-
-if TYPE_CHECKING:
-    from preemptible.queue.core.elastic import GrowPrice
 
 WAITING_TURN = "pending: waiting for its turn"
 NOTHING_TO_PREEMPT = "pending: no free GPUs and nothing it may preempt"
