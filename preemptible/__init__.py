@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         ConfigError,
         GuardError,
         JobNotFoundError,
+        JobSpecError,
         JobStateError,
         NoValidCheckpointError,
         PreemptibleError,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
         UnsupportedStateError,
     )
     from preemptible.runtime.context import AlreadyComplete, Context, preemptible
+    from preemptible.runtime.global_batch import GlobalBatch
     from preemptible.runtime.rng import RNGState
     from preemptible.runtime.sampler import ResumableSampler
     from preemptible.runtime.signals import PreemptionGuard
@@ -66,6 +68,7 @@ _EXPORTS = {
     "Context": "preemptible.runtime.context",
     "preemptible": "preemptible.runtime.context",
     "ResumableSampler": "preemptible.runtime.sampler",
+    "GlobalBatch": "preemptible.runtime.global_batch",
     "RNGState": "preemptible.runtime.rng",
     # The whole error tree: `except preemptible.PreemptibleError` needs no other import.
     "AccessDeniedError": "preemptible.errors",
@@ -78,6 +81,7 @@ _EXPORTS = {
     "ConfigError": "preemptible.errors",
     "GuardError": "preemptible.errors",
     "JobNotFoundError": "preemptible.errors",
+    "JobSpecError": "preemptible.errors",
     "JobStateError": "preemptible.errors",
     "NoValidCheckpointError": "preemptible.errors",
     "PreemptibleError": "preemptible.errors",
@@ -106,8 +110,10 @@ __all__ = [
     "ConfigError",
     "Context",
     "CostTracker",
+    "GlobalBatch",
     "GuardError",
     "JobNotFoundError",
+    "JobSpecError",
     "JobStateError",
     "NoValidCheckpointError",
     "PreemptibleError",

@@ -25,6 +25,8 @@ COST_FILE_ENV = "PREEMPTIBLE_COST_FILE"
 """Where the job writes its measured checkpoint cost (read by the sidecar and the manager)."""
 ATTEMPT_ENV = "PREEMPTIBLE_ATTEMPT"
 """Which attempt of the job this is, from 1."""
+GPUS_ENV = "PREEMPTIBLE_GPUS"
+"""How many GPUs this attempt has: an elastic job's size may change from one to the next."""
 
 # --- what the user or the cluster sets -----------------------------------------------------------
 

@@ -114,6 +114,11 @@ class RequestError(QueueError, ValueError):
     """A request to the queue manager is malformed or asks for the impossible (HTTP 400)."""
 
 
+class JobSpecError(RequestError):
+    """A well-formed submission that cannot run here: a size range the machine never fits, a
+    multiple that does not divide it (HTTP 422)."""
+
+
 class JobNotFoundError(QueueError, LookupError):
     """No job has this id (HTTP 404)."""
 
@@ -141,6 +146,7 @@ __all__ = [
     "ConfigError",
     "GuardError",
     "JobNotFoundError",
+    "JobSpecError",
     "JobStateError",
     "NoValidCheckpointError",
     "PreemptibleError",

@@ -192,7 +192,21 @@ def serve(
 def submit(
     command: Annotated[list[str], typer.Argument(help="The program and its arguments (after --).")],
     queue: Annotated[str, typer.Option(help="The queue (your team's).")],
-    gpus: Annotated[int, typer.Option(help="GPUs to run on.", min=0)] = 0,
+    gpus: Annotated[
+        int, typer.Option(help="GPUs to run on (an elastic job's largest size).", min=0)
+    ] = 0,
+    min_gpus: Annotated[
+        int | None,
+        typer.Option(
+            help="Elastic: the fewest GPUs it may run on; the queue may start it smaller and "
+            "shrink it instead of preempting it. `{gpus}` in the command is each attempt's size.",
+            min=1,
+            show_default=False,
+        ),
+    ] = None,
+    gpus_multiple: Annotated[
+        int, typer.Option(help="Elastic: its size is a multiple of this.", min=1)
+    ] = 1,
     tier: Annotated[str, typer.Option(help="critical, high, normal or low.")] = "normal",
     cpus: Annotated[float, typer.Option(help="CPUs (0: not scheduled).", min=0)] = 0.0,
     memory_gb: Annotated[float, typer.Option(help="Memory in GB (0: not scheduled).", min=0)] = 0.0,
@@ -221,7 +235,12 @@ def submit(
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
-    """Submit a job: `submit --queue team-a --gpus 2 -- python train.py --lr 3e-4`."""
+    """Submit a job: `submit --queue team-a --gpus 2 -- python train.py --lr 3e-4`.
+
+    An elastic job takes a range: `submit --queue team-a --gpus 8 --min-gpus 4 -- torchrun
+    --nproc-per-node {gpus} train.py` runs on 4 to 8 GPUs, the size of each attempt in
+    `{gpus}` and in $PREEMPTIBLE_GPUS.
+    """
     from preemptible.queue.core import parse_duration
 
     body: dict[str, Any] = {
@@ -236,6 +255,10 @@ def submit(
     }
     if gang is not None:
         body["gang"] = gang
+    if min_gpus is not None:
+        body["min_gpus"] = min_gpus
+    if gpus_multiple != 1:
+        body["gpus_multiple"] = gpus_multiple
     if name is not None:
         body["name"] = name
     if estimate is not None:
@@ -248,6 +271,15 @@ def submit(
         _print_json(job)
     else:
         echo(f"submitted job {job['id']} to {job['queue']} ({job['state']})")
+
+
+def _size(job: dict[str, Any]) -> str:
+    """GPUS: "8", or for an elastic job its size now and its range: "4 (4-8)"."""
+    gpus, low = job["gpus"], job.get("min_gpus")
+    if low is None or low >= gpus:
+        return str(gpus)
+    now = len(job.get("gpu_ids") or ()) or gpus
+    return f"{now} ({low}-{gpus})" if job.get("gpu_ids") else f"{low}-{gpus}"
 
 
 def _parse_env(pairs: list[str]) -> dict[str, str]:
@@ -300,7 +332,7 @@ def status(
             job["queue"],
             job["tier"],
             job["state"],
-            str(job["gpus"]),
+            _size(job),
             fmt_duration(_waited(job, now)),
             job["reason"],
         )

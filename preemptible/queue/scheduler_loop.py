@@ -2,17 +2,18 @@
 
 The simulator (`preemptible.sim`) and the queue manager (`preemptible.queue.service`) keep the
 state the same way and apply the core's decisions through this one class: admit, notice, hold,
-requeue, moves, nominees. Only the clock and what a run is differ: virtual time and trace
-durations in the simulator, real time and process groups in the service. Each shell says what a
-run does through `Runs`.
+requeue, moves, nominees, resizes of elastic jobs. Only the clock and what a run is differ:
+virtual time and trace durations in the simulator, real time and process groups in the service.
+Each shell says what a run does through `Runs` (and `ResizingRuns` to run elastic jobs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from preemptible.errors import ConfigError
 from preemptible.queue.core import (
     ClusterState,
     CycleResult,
@@ -26,7 +27,8 @@ from preemptible.queue.core import (
     dominant_share,
     schedule,
 )
-from preemptible.queue.core.model import Admit
+from preemptible.queue.core.model import Admit, Resize, Resources
+from preemptible.queue.core.placement import Placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,15 @@ class Runs(Protocol):
 
     def noticed(self, notice: Preempt, running: RunningJob, now: float) -> Leaving:
         """`running` was told to go by `notice`: send it, and say when it will have left."""
+
+
+@runtime_checkable
+class ResizingRuns(Runs, Protocol):
+    """A shell that can resize elastic jobs (`Resize`): only such a shell may run elastic jobs."""
+
+    def resized(self, resize: Resize, running: RunningJob, now: float) -> None:
+        """`running` was told to resize. A grow holds its new GPUs already; a shrink holds all
+        its GPUs until it has saved, when the shell calls `Shell.shrunk`."""
 
 
 class Shell:
@@ -70,7 +81,7 @@ class Shell:
         """A running job has left (completed, failed, preempted): its resources are free."""
         running = self.state.finish(job_id)
         self.tracker.advance(now)
-        self.tracker.add(running.job.queue, -self._share(running.job))
+        self.tracker.add(running.job.queue, -self._share(running.held))
         return running
 
     def cycles(self, now: float, runs: Runs, *, at_most: int = 3) -> list[CycleResult]:
@@ -102,17 +113,54 @@ class Shell:
             self._admit(admit, now, runs)
         for notice in result.preempt:
             self._notice(notice, now, runs)
+        for resize in result.resize:
+            self._resize(resize, now, runs)
         return result
+
+    def _resize(self, resize: Resize, now: float, runs: Runs) -> None:
+        if not isinstance(runs, ResizingRuns):
+            raise ConfigError(
+                f"the core resized elastic job {resize.job_id!r}, but this shell cannot resize "
+                "jobs; submit it without min_gpus or run a policy with elastic off"
+            )
+        running = self.state.running[resize.job_id]
+        if resize.kind == "grow":
+            self._resized(resize.job_id, resize.gpus, now, resize.placement or None)
+        else:
+            self.state.begin_shrink(resize.job_id, resize.gpus, at=now)
+            if resize.for_job is not None:
+                self.state.nominate(resize.for_job, now, nodes=resize.for_nodes)
+        runs.resized(resize, running, now)
+
+    def shrunk(
+        self, job_id: str, gpus: int, now: float, placement: Placement | None = None
+    ) -> RunningJob:
+        """A shrunk job has saved: it holds `gpus` GPUs (on `placement`) from now on, and what
+        it gave up is free (for the job it was shrunk for, first)."""
+        return self._resized(job_id, gpus, now, placement)
+
+    def _resized(
+        self, job_id: str, gpus: int, now: float, placement: Placement | None
+    ) -> RunningJob:
+        before = self.state.running[job_id].held
+        after = self.state.finish_resize(job_id, gpus, at=now, placement=placement)
+        self.tracker.advance(now)
+        self.tracker.add(after.job.queue, self._share(after.held) - self._share(before))
+        return after
 
     def _admit(self, admit: Admit, now: float, runs: Runs) -> None:
         job = self.state.withdraw(admit.job_id)
         running = RunningJob(
-            job=job, started_at=now, placement=admit.placement, loan_for=admit.loan_for
+            job=job,
+            started_at=now,
+            placement=admit.placement,
+            loan_for=admit.loan_for,
+            gpus=admit.gpus if admit.gpus != job.request.gpus else None,
         )
         expected = now + job.expected_runtime_s(self.config.policy.default_estimate_s)
         self.state.start(running, expected_end=expected)
         self.tracker.advance(now)
-        self.tracker.add(job.queue, self._share(job))
+        self.tracker.add(job.queue, self._share(running.held))
         runs.started(admit, running, now)
 
     def _notice(self, notice: Preempt, now: float, runs: Runs) -> None:
@@ -133,7 +181,7 @@ class Shell:
         usage: the open runs here already hold theirs."""
         changes: list[tuple[float, float, str]] = []
         for job, start, end in runs:
-            share = self._share(job)
+            share = self._share(job.request)
             changes.append((start, share, job.queue))
             if end is not None:
                 changes.append((end, -share, job.queue))
@@ -148,6 +196,5 @@ class Shell:
         expected = now + running.job.expected_runtime_s(self.config.policy.default_estimate_s)
         self.state.start(running, expected_end=expected)
 
-    def _share(self, job: Job) -> float:
-        r = job.request
+    def _share(self, r: Resources) -> float:
         return dominant_share(r.gpus, r.cpus, r.memory_gb, self.config.cluster)

@@ -11,6 +11,8 @@ consistent:
 3. On a notice: wait for a save in flight, save synchronously, report, exit ``128 + signum``.
    Under the queue manager the notice may come from its notice endpoint before the signal,
    and the job tells the manager it is exiting once the save has committed (`queue_link`).
+   A resize notice is handled the same way (`resize_to` says the new size); the manager
+   restarts the job at that size, and the restore continues it there.
 4. On periodic saves: save in the background (or not, ``async_save=False``).
 5. When the loop ends: a final save; the decorated function's result is returned.
 """
@@ -33,7 +35,7 @@ from preemptible.runtime.deadline import GRACE_SAFETY, GraceCheck
 from preemptible.runtime.elastic import StepAgreement
 from preemptible.runtime.env import RunEnv, check_signal_setup
 from preemptible.runtime.interval import SaveSchedule
-from preemptible.runtime.queue_link import QueueLink, QueueNotice, Terms
+from preemptible.runtime.queue_link import NoticeKind, QueueLink, QueueNotice, Terms
 from preemptible.runtime.reporters import Reporters
 from preemptible.runtime.reporters import from_env as reporters_from_env
 from preemptible.runtime.rng import RNGState
@@ -154,6 +156,8 @@ class Context:
         self._save_requested = False
         self._unreported: Any = None  # a background save whose cost is not reported yet
         self._should_stop = False
+        self._resize_heard: int | None = None  # set by the notice watcher (rank 0)
+        self._resize_to: int | None = None  # agreed by all ranks at the stop
         self._started = False
         self._in_step = False
         self._warned_setup = False
@@ -177,6 +181,13 @@ class Context:
     def should_stop(self) -> bool:
         """True once all ranks have agreed to stop at this step boundary."""
         return self._should_stop
+
+    @property
+    def resize_to(self) -> int | None:
+        """The world size the queue manager asked for, once all ranks have agreed to stop for a
+        resize notice (every rank sees it, at the step boundary where they stop); None
+        otherwise. The job then saves and exits, and is restarted at that size."""
+        return self._resize_to
 
     @property
     def cost(self) -> CheckpointCost:
@@ -349,6 +360,8 @@ class Context:
 
     def _queue_notice(self, notice: QueueNotice) -> None:
         """The manager's notice (from the watcher thread): stop at the next step boundary."""
+        if notice.kind is NoticeKind.RESIZE:
+            self._resize_heard = notice.gpus  # before the request: the boundary reads it after
         self.guard.request(f"queue manager: {notice.reason}", deadline=notice.deadline)
 
     def _queue_terms(self, terms: Terms) -> None:
@@ -372,9 +385,11 @@ class Context:
         due = self._save_requested or self.schedule.should_save(
             step, now=time.monotonic(), last_save_at=self._last_save_at, stall_p95=stall_p95
         )
-        stop, save = self._agreement.agree(self.guard.requested, due)
+        requested = self.guard.requested
+        stop, save, resize_to = self._agreement.agree(requested, due, self._resize_heard)
         self._save_requested = False
         if stop:
+            self._resize_to = resize_to
             self._should_stop = True
             self._stop(step)
         if save:
@@ -404,15 +419,19 @@ class Context:
 
     def _stop(self, step: int) -> None:
         """Checkpoint the completed ``step`` and leave with the notice's exit code."""
+        resize_to = self._resize_to
+        if resize_to is not None and self.run_env.rank == 0:
+            log.warning("resize to %d GPUs: saving at step %d", resize_to, step)
         with self.guard.final_save():
             self._save_final(step)
-            if self.queue_link is not None:
-                self.queue_link.ack(step)  # committed: the GPUs may go on now
+            if self.queue_link is not None:  # committed: the GPUs may go on now
+                self.queue_link.ack(step, resize_to=resize_to)
         code = self._exit_code if self._exit_code is not None else self.guard.exit_code()
         code = code or 128 + signal.SIGTERM  # a programmatic notice is a preemption too
         received = self.guard.received_at
         waited = f" {time.time() - received:.2f} s after the notice" if received else ""
-        log.warning("preempted: checkpointed step %d%s; exiting with %d", step, waited, code)
+        what = "preempted" if resize_to is None else f"resizing to {resize_to} GPUs"
+        log.warning("%s: checkpointed step %d%s; exiting with %d", what, step, waited, code)
         raise SystemExit(code)
 
     def _report(self) -> None:

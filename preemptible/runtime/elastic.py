@@ -3,12 +3,16 @@
 Every rank must stop (and save) at the same step, or the checkpoint mixes steps and the
 collectives of the next step hang. A notice may reach one rank only (SLURM signals one task,
 torchrun forwards to its own workers), and time-based saves read a clock that differs per rank,
-so at each step boundary the ranks all-reduce two flags with MAX: "stop?" and "save?".
+so at each step boundary the ranks all-reduce two flags with MAX: "stop?" and "save?". A third
+number rides along: the size a resize notice asks for (0: none), which only rank 0 hears of
+(it alone talks to the queue manager) and every rank may want to log or act on.
 
 The flags travel on a gloo group of their own (`preemptible.distributed` says why).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -16,15 +20,24 @@ import torch.distributed as dist
 from preemptible.distributed import gloo_group, is_distributed
 
 
+class Agreed(NamedTuple):
+    """What all ranks decided at one step boundary."""
+
+    stop: bool
+    save: bool
+    resize_to: int | None
+    """The world size a resize notice asked for (None: no resize notice)."""
+
+
 class StepAgreement:
     """One small all-reduce per step boundary; a no-op without torch.distributed."""
 
-    def agree(self, stop: bool, save: bool) -> tuple[bool, bool]:
+    def agree(self, stop: bool, save: bool, resize_to: int | None = None) -> Agreed:
         if not is_distributed():
-            return stop, save
-        flags = torch.tensor([int(stop), int(save)], dtype=torch.int32)
+            return Agreed(stop, save, resize_to)
+        flags = torch.tensor([int(stop), int(save), resize_to or 0], dtype=torch.int64)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=gloo_group("agreement"))
-        return bool(flags[0]), bool(flags[1])
+        return Agreed(bool(flags[0]), bool(flags[1]), int(flags[2]) or None)
 
     def restored(self, step: int | None, none_valid: bool) -> tuple[int | None, int | None, bool]:
         """What the ranks restored, in one all-reduce: the step every rank can restore (the

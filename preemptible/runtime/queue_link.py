@@ -6,9 +6,14 @@ The manager starts each job with its URL, the job's id and the job's own token. 
   `POST /v1/jobs/{id}/cost`, from a background thread and at most every `min_interval_s`; the
   answer, `Terms` (grace, minimum runtime, checkpoint interval hint), is kept;
 - a watcher long-polls `GET /v1/jobs/{id}/notice`, so that a notice reaches the loop with its
-  deadline even before the SIGTERM that follows it;
+  deadline even before the SIGTERM that follows it. A notice is a preemption, or a resize
+  (``"kind": "resize", "gpus": N``): the job saves and exits the same way, and the manager
+  restarts it on N GPUs. A kind this SDK does not know is handled as a preemption, with a
+  warning: saving and exiting is safe whatever the manager meant, ignoring it is not;
 - after the notice save has committed, `ack` posts `POST /v1/jobs/{id}/checkpointed`: the job
-  is exiting with nothing left to save, and the manager hands its GPUs on at once.
+  is exiting with nothing left to save, and the manager hands its GPUs on at once. The ack of
+  a resize adds ``"kind": "resize", "gpus": N``; that of a preemption is unchanged, so a
+  manager that never sends resizes never sees a field it does not know.
 
 A manager that is down, slow or answers garbage never breaks or slows training: the failure is
 logged once, the thread backs off (doubling up to a minute), the last terms are kept, and
@@ -23,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import httpx
@@ -50,6 +56,15 @@ class Terms:
     """Checkpoint period that suits the queue's observed preemption rate (None: none seen)."""
 
 
+class NoticeKind(StrEnum):
+    """What a notice asks; both mean "save at the next step boundary, ack, exit"."""
+
+    PREEMPT = "preempt"
+    """Leave the GPUs; the job waits in the queue again."""
+    RESIZE = "resize"
+    """Restart at once on `QueueNotice.gpus` GPUs (an elastic job shrinks or grows)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QueueNotice:
     """A notice from the manager: save and exit by `deadline` (epoch seconds)."""
@@ -57,6 +72,10 @@ class QueueNotice:
     reason: str
     grace_s: float
     deadline: float
+    kind: NoticeKind = NoticeKind.PREEMPT
+    """A notice without a kind (every manager before resizes) is a preemption."""
+    gpus: int | None = None
+    """The size of the restart, for a resize only."""
 
 
 class QueueLink:
@@ -145,9 +164,12 @@ class QueueLink:
             self._pending = cost
             self._wake.notify_all()
 
-    def ack(self, step: int, *, at: float | None = None) -> bool:
-        """Tell the manager the notice save of `step` has committed and the job is exiting."""
-        body = {"step": step, "at": time.time() if at is None else at}
+    def ack(self, step: int, *, at: float | None = None, resize_to: int | None = None) -> bool:
+        """Tell the manager the notice save of `step` has committed and the job is exiting;
+        `resize_to`: the notice was a resize to that many GPUs (the body says so)."""
+        body: dict[str, Any] = {"step": step, "at": time.time() if at is None else at}
+        if resize_to is not None:
+            body.update(kind=NoticeKind.RESIZE.value, gpus=resize_to)
         try:
             response = self._client.post(
                 f"/v1/jobs/{self.job_id}/checkpointed", json=body, timeout=min(self.timeout_s, 2.0)
@@ -285,10 +307,43 @@ def _notice(body: Any) -> QueueNotice | None:
         return None
     if not isinstance(notice, dict):
         raise ValueError(f"the notice is not an object: {notice!r:.80}")
-    grace, deadline = _number(notice, "grace_s"), _number(notice, "deadline")
-    if grace is None or deadline is None:
-        raise ValueError(f"the notice lacks grace_s or deadline: {notice!r:.80}")
-    return QueueNotice(reason=str(notice.get("reason", "")), grace_s=grace, deadline=deadline)
+    deadline = _number(notice, "deadline")
+    if deadline is None:
+        raise ValueError(f"the notice lacks a deadline: {notice!r:.80}")
+    grace = _number(notice, "grace_s")
+    if grace is None:  # a resize notice may carry the deadline alone
+        grace = max(0.0, deadline - time.time())
+    reason = str(notice.get("reason", ""))
+    kind, gpus = _kind(notice)
+    if kind is NoticeKind.RESIZE and not reason:
+        reason = f"resize to {gpus} GPUs"
+    elif kind is NoticeKind.PREEMPT and notice.get("kind", "preempt") != "preempt":
+        reason = f"{reason or 'notice'} (kind {notice.get('kind')!r}, handled as a preemption)"
+    return QueueNotice(reason=reason, grace_s=grace, deadline=deadline, kind=kind, gpus=gpus)
+
+
+_warned_kinds: set[str] = set()
+
+
+def _kind(notice: dict[str, Any]) -> tuple[NoticeKind, int | None]:
+    """The notice's kind and, for a resize, its size. What this SDK cannot act on exactly (a
+    kind it does not know, a resize without a valid size) is a preemption: saving and exiting
+    is what every notice asks first. Warned once per kind."""
+    raw = notice.get("kind", NoticeKind.PREEMPT.value)
+    gpus = notice.get("gpus")
+    if raw == NoticeKind.PREEMPT.value:
+        return NoticeKind.PREEMPT, None
+    if raw == NoticeKind.RESIZE.value and type(gpus) is int and gpus >= 1:
+        return NoticeKind.RESIZE, gpus
+    what = f"a resize notice with gpus={gpus!r}" if raw == "resize" else f"notice kind {raw!r}"
+    if repr(raw) not in _warned_kinds:
+        _warned_kinds.add(repr(raw))
+        log.warning(
+            "the queue manager sent %s, which this version of preemptible does not know: "
+            "handling it as a preemption (save at the next step, then exit)",
+            what,
+        )
+    return NoticeKind.PREEMPT, None
 
 
 def _number(body: dict[str, Any], key: str) -> float | None:

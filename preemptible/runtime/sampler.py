@@ -11,6 +11,16 @@ it directly instead if you use it.)
 The position is saved as a *global* count, so a run resumed on a different number of ranks
 continues with the samples not yet seen: after ``k`` samples per rank on ``W`` ranks, the first
 ``k * W`` of the epoch's permutation are done, and the rest is dealt out over the new ranks.
+Ranks deal round-robin (rank ``r`` takes positions ``r, r + W, ...`` of what remains), so
+whatever the sizes, ``k`` batches on every rank are exactly the next ``k * batch * W``
+positions: across any sequence of world sizes, stopped at any batch boundary, each sample of an
+epoch is seen once.
+
+The one exception is the end of an epoch whose remainder ``R`` is not a multiple of the world
+size: like ``DistributedSampler``, the last round is padded with the epoch's first remaining
+samples, so that every rank runs as many batches (a rank with fewer would hang its peers'
+collectives); ``(-R) % W`` samples are then seen twice. An epoch whose length is a multiple of
+the global batch (`GlobalBatch.size`) is never padded, at any world size that batch allows.
 """
 
 from __future__ import annotations
@@ -71,9 +81,10 @@ class ResumableSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         remaining = self._order()[self.consumed :]
-        per_rank = -(-len(remaining) // self.num_replicas)  # ceil: pad like DistributedSampler
-        padded = remaining + remaining[: per_rank * self.num_replicas - len(remaining)]
-        return iter(padded[self.rank :: self.num_replicas])
+        padding = -len(remaining) % self.num_replicas  # pad like DistributedSampler
+        if remaining and padding:  # cycle: fewer samples left than ranks must still pad them all
+            remaining += (remaining * -(-padding // len(remaining)))[:padding]
+        return iter(remaining[self.rank :: self.num_replicas])
 
     def __len__(self) -> int:
         return -(-(self.length - self.consumed) // self.num_replicas)

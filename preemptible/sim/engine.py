@@ -15,6 +15,15 @@ Preemption is modelled for two kinds of job, so the value of checkpoint-on-notic
 
 Either way a restarted job pays its restore cost. Lost GPU-seconds = GPUs x (unsaved work + save
 time after the notice + restore), charged at the preemption.
+
+An elastic job (a trace's `min_gpus`) may run at fewer GPUs than it asks for: its work is
+measured in seconds at its full size, and it progresses at `gpus now / gpus asked` of that rate.
+A `Resize` makes it save (an aware job saves at once; a periodic one loses its work since its
+last checkpoint, as for a notice) and restart at the new size, paying its restore: lost
+GPU-seconds = GPUs before x save + GPUs after x restore, charged at the notice. A shrink holds
+its GPUs until it has saved; a grow holds its new ones from the notice. A job evicted while it
+saves for a shrink leaves when that save ends, and its restart at the smaller size (with the
+restore charged for it) never happens.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from preemptible.queue.core import (
     Preempt,
     PreemptKind,
     QueueConfig,
+    Resize,
     Resources,
     RunningJob,
     Tier,
@@ -39,7 +49,7 @@ from preemptible.queue.core import (
 from preemptible.queue.scheduler_loop import Leaving, Shell
 from preemptible.sim.trace import TraceJob
 
-_ARRIVE, _EXIT, _FINISH = 0, 1, 2
+_ARRIVE, _EXIT, _FINISH, _SHRUNK = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,6 +97,23 @@ class JobHistory:
     lost_log: list[tuple[float, float, PreemptKind]] = field(default_factory=list)
     """(time, GPU-seconds, the rule that sent the notice) of every preemption's loss."""
     last_preempted_at: float | None = None
+    run_rate: float = 1.0
+    """Progress per second of this run: its GPUs over the GPUs it asks for."""
+    run_gpus: list[int] = field(default_factory=list)
+    """GPUs held in each of `runs` (a resize splits a run)."""
+    hold_gpus: int = 0
+    """GPUs it holds now (while running)."""
+    shrinks: int = 0
+    grows: int = 0
+    resize_lost_gpu_s: float = 0.0
+    """Of `lost_gpu_s`, what its resizes cost."""
+    resize_log: list[tuple[float, float, str]] = field(default_factory=list)
+    """(time, GPU-seconds, "shrink" or "grow") of every resize."""
+    last_resized_at: float | None = None
+    runs_open_s: float = 0.0
+    """Start of the part of the current run held at `hold_gpus`."""
+    shrink_to: tuple[int, tuple[tuple[int, int], ...]] | None = None
+    """(GPUs, placement) of a shrink sent and not yet saved."""
 
 
 @dataclass(slots=True)
@@ -133,7 +160,8 @@ class Simulator:
             )
         cl = config.cluster
         for j in jobs:
-            too_big = j.gpus > cl.gpus or (cl.cpus and j.cpus > cl.cpus)
+            smallest = j.min_gpus if j.min_gpus is not None else j.gpus
+            too_big = smallest > cl.gpus or (cl.cpus and j.cpus > cl.cpus)
             if too_big or (cl.memory_gb and j.memory_gb > cl.memory_gb):
                 raise TraceFormatError(
                     f"job {j.job_id!r} asks for more than the whole cluster "
@@ -157,6 +185,9 @@ class Simulator:
         self.records: dict[str, JobHistory] = {}
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
+        self.elastic = any(j.min_gpus is not None for j in jobs)
+        """Whether any job is elastic: then cycles run also while nothing is pending, when a
+        shrunk job might grow on idle GPUs."""
 
     # --- event plumbing ----------------------------------------------------------------------
 
@@ -190,9 +221,11 @@ class Simulator:
                         done += 1
                         if self.progress and done % report_every == 0:
                             self.progress(done, total)
+                elif kind == _SHRUNK:
+                    self._shrunk(job_id, now, token)
                 else:
                     self._exit(job_id, now, token)
-            if not self.state.pending:
+            if not self.state.pending and not (self.elastic and self._may_grow()):
                 continue
             nxt = last_cycle + interval
             if interval and now < nxt:
@@ -227,6 +260,12 @@ class Simulator:
         _timeline(outcome, self.options.timeline_bins)
         return outcome
 
+    def _may_grow(self) -> bool:
+        state = self.state
+        if state.used.gpus >= state.cluster.gpus:
+            return False
+        return any(rj.gpus is not None and not rj.terminating for rj in state.running.values())
+
     # --- events ------------------------------------------------------------------------------
 
     def _core_job(self, rec: JobHistory) -> Job:
@@ -248,6 +287,9 @@ class Simulator:
             checkpoint_on_notice=self.options.checkpoint_mode == "aware",
             last_preempted_at=rec.last_preempted_at,
             preemptions=rec.preemptions,
+            min_gpus=tj.min_gpus,
+            gpus_multiple=tj.gpus_multiple,
+            last_resized_at=rec.last_resized_at,
         )
 
     def _arrive(self, job_id: str, now: float) -> None:
@@ -276,8 +318,17 @@ class Simulator:
 
     def _release(self, rec: JobHistory, now: float) -> None:
         self.shell.release(rec.trace.job_id, now)
-        rec.admitted_gpu_s += rec.trace.gpus * (now - rec.run_start_s)
-        rec.runs.append((rec.run_start_s, now))
+        rec.shrink_to = None
+        self._hold(rec, now, 0)
+
+    def _hold(self, rec: JobHistory, now: float, gpus: int) -> None:
+        """From `now` the job holds `gpus` GPUs: close the part of its run held so far."""
+        start = rec.runs_open_s
+        rec.admitted_gpu_s += rec.hold_gpus * (now - start)
+        rec.runs.append((start, now))
+        rec.run_gpus.append(rec.hold_gpus)
+        rec.runs_open_s = now
+        rec.hold_gpus = gpus
 
     # --- cycle -------------------------------------------------------------------------------
 
@@ -290,14 +341,23 @@ class Simulator:
         rec.wait_s += now - rec.pending_since
         if rec.first_start_s is None:
             rec.first_start_s = now
-        rec.run_start_s = now
+        rec.run_start_s = rec.runs_open_s = now
         rec.run_restore_s = job.restore_s
+        rec.hold_gpus = running.size
+        rec.run_rate = running.size / job.request.gpus if job.request.gpus else 1.0
         rec.run_token += 1
+        self._push(self._finish_at(rec), _FINISH, job.id, rec.run_token)
+
+    def _finish_at(self, rec: JobHistory) -> float:
+        """When the current run completes, if nothing interrupts it."""
         remaining = rec.trace.duration_s - rec.saved_s
-        self._push(now + job.restore_s + remaining, _FINISH, job.id, rec.run_token)
+        if rec.run_rate != 1.0:
+            remaining /= rec.run_rate
+        return rec.run_start_s + rec.run_restore_s + remaining
 
     def _progress_at(self, rec: JobHistory, t: float) -> float:
-        return rec.saved_s + max(0.0, t - rec.run_start_s - rec.run_restore_s)
+        worked = max(0.0, t - rec.run_start_s - rec.run_restore_s)
+        return rec.saved_s + (worked if rec.run_rate == 1.0 else rec.run_rate * worked)
 
     def _checkpointed_at(self, rec: JobHistory, t: float) -> tuple[float, float]:
         """(progress saved, time from which work is unsaved) by regular checkpoints up to t.
@@ -308,7 +368,8 @@ class Simulator:
         interval = self.options.checkpoint_interval_s
         worked = max(0.0, t - rec.run_start_s - rec.run_restore_s)
         k = int(worked // interval) if interval else 0
-        progress = min(rec.saved_s + k * interval, rec.trace.duration_s)
+        done = k * interval if rec.run_rate == 1.0 else rec.run_rate * k * interval
+        progress = min(rec.saved_s + done, rec.trace.duration_s)
         return progress, rec.run_start_s + rec.run_restore_s + k * interval
 
     def noticed(self, notice: Preempt, running: RunningJob, now: float) -> Leaving:
@@ -316,8 +377,10 @@ class Simulator:
         loses is charged now."""
         job = running.job
         rec = self.records[job.id]
-        gpus = max(job.request.gpus, 1)
-        finish_at = rec.run_start_s + rec.run_restore_s + (rec.trace.duration_s - rec.saved_s)
+        if rec.shrink_to is not None:
+            return self._noticed_while_shrinking(notice, running, now)
+        gpus = max(running.size, 1)
+        finish_at = self._finish_at(rec)
         save = job.save_s
         if self.options.checkpoint_mode == "aware" and save <= notice.grace_s:
             exit_at = now + save
@@ -343,6 +406,80 @@ class Simulator:
         self._push(exit_at, _EXIT, job.id, rec.run_token)
         return Leaving(at=exit_at)
 
+    def _noticed_while_shrinking(self, notice: Preempt, running: RunningJob, now: float) -> Leaving:
+        """A notice to a job whose shrink is saving: it leaves when that save ends instead of
+        restarting smaller. The shrink's restart is cancelled, and the restore charged for it
+        with it; what it loses now is the restore of all it held at its next start."""
+        job = running.job
+        rec = self.records[job.id]
+        assert rec.shrink_to is not None
+        gpus_after, _ = rec.shrink_to
+        rec.shrink_to = None
+        exit_at = rec.run_start_s  # the shrink's restart
+        refund = gpus_after * rec.run_restore_s
+        at, resize_lost, kind = rec.resize_log[-1]
+        rec.resize_log[-1] = (at, resize_lost - refund, kind)
+        rec.resize_lost_gpu_s -= refund
+        lost = max(running.size, 1) * job.save_s if rec.saved_s > 0 else 0.0
+        rec.lost_gpu_s += lost - refund
+        if notice.restart_on:
+            rec.moves += 1
+        rec.preemptions += 1
+        rec.last_preempted_at = now
+        rec.lost_log.append((now, lost, notice.kind))
+        rec.run_token += 1
+        self._push(exit_at, _EXIT, job.id, rec.run_token)
+        return Leaving(at=exit_at)
+
+    def resized(self, resize: Resize, running: RunningJob, now: float) -> None:
+        """A resize: the job saves (within its grace, or loses its unsaved work as for a
+        notice) and restarts at the new size, paying its restore."""
+        job = running.job
+        rec = self.records[job.id]
+        save = job.save_s
+        if self.options.checkpoint_mode == "aware" and save <= resize.grace_s:
+            restart_at = now + save
+            new_saved = self._progress_at(rec, now)
+            unsaved = running.size * save
+        else:
+            restart_at = now if self.options.checkpoint_mode == "periodic" else now + resize.grace_s
+            new_saved, saved_at = self._checkpointed_at(rec, now)
+            unsaved = running.size * (restart_at - saved_at)
+        if resize.kind == "grow":
+            self._hold(rec, now, resize.gpus)  # the shell gave it the GPUs at once
+        if self._finish_at(rec) <= restart_at:
+            return  # it completes first: its finish stands, nothing is lost
+        restore = save if new_saved > 0 else 0.0
+        lost = unsaved + resize.gpus * restore
+        rec.lost_gpu_s += lost
+        rec.resize_lost_gpu_s += lost
+        rec.resize_log.append((now, lost, resize.kind))
+        rec.last_resized_at = now
+        if resize.kind == "grow":
+            rec.grows += 1
+        else:
+            rec.shrinks += 1
+        rec.saved_s = new_saved
+        rec.run_start_s = restart_at
+        rec.run_restore_s = restore
+        rec.run_rate = resize.gpus / job.request.gpus
+        rec.run_token += 1
+        self._push(self._finish_at(rec), _FINISH, job.id, rec.run_token)
+        if resize.kind == "shrink":
+            rec.shrink_to = (resize.gpus, resize.placement)
+            self._push(restart_at, _SHRUNK, job.id, rec.run_token)
+
+    def _shrunk(self, job_id: str, now: float, token: int) -> None:
+        """A shrunk job has saved: the GPUs it gave up are free."""
+        rec = self.records[job_id]
+        if token != rec.run_token or rec.shrink_to is None or job_id not in self.state.running:
+            return
+        gpus, placement = rec.shrink_to
+        rec.shrink_to = None
+        self.shell.shrunk(job_id, gpus, now, placement or None)
+        self._hold(rec, now, gpus)
+        rec.last_resized_at = now  # as the core's state has it: a shrink from its restart
+
 
 def _timeline(result: SimResult, bins: int) -> None:
     """GPU-seconds held, GPU-seconds lost and preemptions per queue in equal time bins (for
@@ -361,9 +498,8 @@ def _timeline(result: SimResult, bins: int) -> None:
     result.timeline_preemptions = preemptions
     series: dict[str, list[float]] = {}
     for rec in result.records:
-        for start, end in rec.runs:
+        for (start, end), g in zip(rec.runs, rec.run_gpus, strict=True):
             row = series.setdefault(rec.trace.queue, [0.0] * bins)
-            g = rec.trace.gpus
             i = int((start - result.start_s) / width)
             while start < end and i < bins:
                 edge = result.start_s + (i + 1) * width

@@ -21,6 +21,7 @@ depend on `PYTHONHASHSEED`), so a draw named by its seed can be replayed anywher
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import random
@@ -109,6 +110,12 @@ class Knobs:
     """Sum of the nominal quotas over the cluster's GPUs; each team's nominal is by weight."""
     borrowing_factor: float | None
     """Each queue's borrowing limit as a multiple of its nominal quota; None: no limit."""
+    elastic_fraction: float = 0.0
+    """Share of the jobs of 2 GPUs or more that are elastic (`TraceJob.min_gpus`); 0 draws
+    nothing, so the family's workloads stay exactly as they were."""
+    elastic_min_share: float = 0.5
+    """An elastic job's minimum as a share of its GPUs, rounded down to its multiple (8 above
+    8 GPUs, 2 from 4, else 1) and at least that multiple."""
 
     @property
     def teams(self) -> int:
@@ -135,6 +142,11 @@ class Knobs:
             f"x{self.estimate_low:.2f}-{self.estimate_high:.2f}; save "
             f"{self.checkpoint_median_s:.0f}s; nominal {self.nominal_fraction:.0%}, "
             f"borrowing limit {borrow}"
+            + (
+                f"; elastic {self.elastic_fraction:.0%} down to {self.elastic_min_share:.0%}"
+                if self.elastic_fraction
+                else ""
+            )
         )
 
 
@@ -277,7 +289,24 @@ def workload(knobs: Knobs) -> tuple[list[TraceJob], str]:
     ]
     jobs.sort(key=lambda j: (j.submit_s, j.job_id))
     largest = [max((j.gpus for j in jobs if j.queue == n), default=1) for n in names]
+    if knobs.elastic_fraction:
+        jobs = elastic_ranges(jobs, knobs)
     return jobs, config_text(knobs, largest)
+
+
+def elastic_ranges(jobs: Sequence[TraceJob], knobs: Knobs) -> list[TraceJob]:
+    """`jobs` with `elastic_fraction` of those of 2 GPUs or more made elastic. Drawn from a
+    generator of its own, so that the rest of the draw is the same with or without them."""
+    rng = random.Random(f"elastic/{knobs.seed}")
+    out = []
+    for job in jobs:
+        if job.gpus >= 2 and rng.random() < knobs.elastic_fraction:
+            multiple = 8 if job.gpus > 8 else 2 if job.gpus >= 4 else 1
+            low = max(multiple, int(knobs.elastic_min_share * job.gpus) // multiple * multiple)
+            if low < job.gpus:
+                job = dataclasses.replace(job, min_gpus=low, gpus_multiple=multiple)
+        out.append(job)
+    return out
 
 
 def team_names(teams: int) -> list[str]:

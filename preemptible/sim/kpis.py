@@ -10,6 +10,11 @@
   loan, move), so that what each rule costs shows;
 - max wait of the least-served queue: the largest max wait of any queue (that queue is named).
 
+With elastic jobs in the trace, `shrinks` and `grows` count resizes apart from preemptions, and
+`resize_lost_gpu_s` says what they cost; that loss is part of `lost_gpu_s` and of goodput (a
+resize saves and restores too), but not of `lost_gpu_s_per_preemption`. Without elastic jobs
+these keys are absent, so reports of rigid traces do not change.
+
 Per-queue utilisation and goodput are shares of the whole cluster, so they add up to overall.
 `demand_ratio` (GPU-seconds of work submitted / GPU-seconds available while jobs were arriving)
 says whether demand exceeded supply, which is where the goodput goal applies; for that goal
@@ -40,7 +45,7 @@ def _metrics(records: Sequence[JobHistory], available_gpu_s: float, hours: float
         for _, amount, kind in r.lost_log:
             by_kind[kind] += 1
             lost_by_kind[kind] += amount
-    return {
+    out: dict[str, Any] = {
         "jobs": len(records),
         "p50_wait_s": nearest_rank(waits, 0.50),
         "p95_wait_s": nearest_rank(waits, 0.95),
@@ -59,6 +64,16 @@ def _metrics(records: Sequence[JobHistory], available_gpu_s: float, hours: float
         "preemptions_by_kind": by_kind,
         "lost_gpu_s_by_kind": lost_by_kind,
     }
+    if any(r.trace.min_gpus is not None for r in records):
+        resize_lost = sum(r.resize_lost_gpu_s for r in records)
+        out["shrinks"] = sum(r.shrinks for r in records)
+        out["grows"] = sum(r.grows for r in records)
+        out["resize_lost_gpu_s"] = resize_lost
+        out["preemption_lost_gpu_s"] = lost - resize_lost
+        out["lost_gpu_s_per_preemption"] = (
+            (lost - resize_lost) / preemptions if preemptions else 0.0
+        )
+    return out
 
 
 def summarize(result: SimResult) -> dict[str, Any]:
@@ -84,9 +99,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
     demand = sum(r.trace.duration_s * r.trace.gpus for r in result.records)
     window_gpu_s = result.gpus * window
     in_window = sum(
-        r.trace.gpus * max(0.0, min(end, last_submit) - max(start, result.start_s))
+        g * max(0.0, min(end, last_submit) - max(start, result.start_s))
         for r in result.records
-        for start, end in r.runs
+        for (start, end), g in zip(r.runs, r.run_gpus, strict=True)
     )
     lost_in_window = sum(
         amount for r in result.records for at, amount, _ in r.lost_log if at <= last_submit

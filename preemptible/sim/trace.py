@@ -1,7 +1,9 @@
 """The canonical trace format: one CSV row per job (the contract of docs/maintainers/design.md).
 
 Required columns: job_id, submit_s, duration_s, gpus, queue, tier.
-Optional columns: cpus, memory_gb, estimate_s, checkpoint_s (empty cells mean "not given").
+Optional columns: cpus, memory_gb, estimate_s, checkpoint_s, and for elastic jobs min_gpus and
+gpus_multiple (empty cells mean "not given"; `write_trace` writes the elastic two only when a
+job is elastic, so rigid traces keep their columns).
 Any other column is ignored, so importers may keep provenance columns. Every problem raises
 `TraceFormatError` naming the file, the line and the column, because a simulator that silently
 skips bad rows reports numbers for a different workload.
@@ -11,15 +13,17 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from preemptible.errors import TraceFormatError
-from preemptible.queue.core.model import Tier
+from preemptible.errors import ConfigError, TraceFormatError
+from preemptible.queue.core.model import Cluster, Job, Resources, Tier, check_elastic_range
 
 REQUIRED = ("job_id", "submit_s", "duration_s", "gpus", "queue", "tier")
 OPTIONAL = ("cpus", "memory_gb", "estimate_s", "checkpoint_s")
+ELASTIC = ("min_gpus", "gpus_multiple")
+"""Optional columns of elastic jobs (`Job.min_gpus`, `Job.gpus_multiple`)."""
 TIERS = tuple(t.value for t in sorted(Tier, key=lambda t: -t.rank))
 """The core's tiers, highest first (as the error message lists them)."""
 
@@ -41,6 +45,10 @@ class TraceJob:
     """User's runtime estimate, for backfill."""
     checkpoint_s: float | None = None
     """Save (and restore) cost of one checkpoint."""
+    min_gpus: int | None = None
+    """Smallest size an elastic job may run at; None: rigid."""
+    gpus_multiple: int = 1
+    """An elastic job's sizes are multiples of this."""
 
 
 def read_trace(path: str | Path) -> list[TraceJob]:
@@ -147,6 +155,7 @@ def _row(path: Path, line: int, row: dict[str, str]) -> TraceJob:
     assert gpus is not None
     if gpus != int(gpus):
         raise TraceFormatError(f"{path}:{line}: column 'gpus': {gpus:g} is not a whole number")
+    min_gpus, multiple = _elastic(path, line, int(gpus), number)
     return TraceJob(
         job_id=job_id,
         submit_s=number("submit_s", required=True) or 0.0,
@@ -158,16 +167,45 @@ def _row(path: Path, line: int, row: dict[str, str]) -> TraceJob:
         memory_gb=number("memory_gb", required=False) or 0.0,
         estimate_s=number("estimate_s", required=False),
         checkpoint_s=number("checkpoint_s", required=False),
+        min_gpus=min_gpus,
+        gpus_multiple=multiple,
     )
+
+
+def _elastic(
+    path: Path, line: int, gpus: int, number: Callable[..., float | None]
+) -> tuple[int | None, int]:
+    """(min_gpus, gpus_multiple) of a row, checked as the service checks a submission."""
+    whole: dict[str, int | None] = {}
+    for col in ELASTIC:
+        value = number(col, required=False)
+        if value is not None and value != int(value):
+            raise TraceFormatError(
+                f"{path}:{line}: column {col!r}: {value:g} is not a whole number"
+            )
+        whole[col] = None if value is None else int(value)
+    low, multiple = whole["min_gpus"], whole["gpus_multiple"] or 1
+    probe = Job(
+        id="row", queue="q", request=Resources(gpus=gpus), min_gpus=low, gpus_multiple=multiple
+    )
+    try:
+        check_elastic_range(probe, Cluster(gpus=max(gpus, low or 0)))
+    except ConfigError as exc:
+        message = str(exc).removeprefix("job 'row': ")
+        raise TraceFormatError(f"{path}:{line}: {message}") from None
+    return low, multiple
 
 
 def write_trace(path: str | Path, jobs: Iterable[TraceJob]) -> int:
     """Write jobs as a canonical trace CSV; returns the number of rows."""
     count = 0
+    jobs = list(jobs)
+    elastic = any(j.min_gpus is not None for j in jobs)
     with Path(path).open("w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow((*REQUIRED, *OPTIONAL))
+        writer.writerow((*REQUIRED, *OPTIONAL, *(ELASTIC if elastic else ())))
         for j in jobs:
+            extra = ("" if j.min_gpus is None else j.min_gpus, j.gpus_multiple) if elastic else ()
             writer.writerow(
                 (
                     j.job_id,
@@ -180,6 +218,7 @@ def write_trace(path: str | Path, jobs: Iterable[TraceJob]) -> int:
                     _fmt(j.memory_gb) if j.memory_gb else "",
                     "" if j.estimate_s is None else _fmt(j.estimate_s),
                     "" if j.checkpoint_s is None else _fmt(j.checkpoint_s),
+                    *extra,
                 )
             )
             count += 1

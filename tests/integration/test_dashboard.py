@@ -324,6 +324,22 @@ def test_the_jobs_table_is_filtered_and_bounded_by_the_server(server: Server, br
     tab.close()
 
 
+def test_an_elastic_job_shows_its_size_now_and_its_range(server: Server, browser: Any) -> None:
+    cancel_all(server)  # the jobs of the tests before hold no GPU: 4 are free
+    tab = Page(browser, server)
+    tab.sign_in("admin-secret")
+    with server.client("admin-secret") as admin:
+        holder = submit(admin, "ops", ["sleep", "600"], gpus=1, name="holder")
+        wait_for(admin, holder["id"], {"running"})
+        elastic = submit(admin, "research", ["sleep", "600"], gpus=4, min_gpus=2, name="elastic")
+        assert len(wait_for(admin, elastic["id"], {"running"})["gpu_ids"]) == 3
+    size = tab.page.locator(f'#jobs tr[data-job="{elastic["id"]}"] td').nth(5)
+    expect(size).to_have_text("3 (2–4)", timeout=STATE_TIMEOUT_MS)  # 3 now, of 2 to 4
+    assert tab.errors == []
+    tab.close()
+    cancel_all(server)
+
+
 def test_a_lost_connection_shows_reconnecting_and_the_page_recovers_by_itself(
     server: Server, browser: Any
 ) -> None:

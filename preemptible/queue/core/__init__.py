@@ -25,12 +25,15 @@ from preemptible.queue.core.model import (
     PreemptKind,
     Queue,
     Reserve,
+    Resize,
+    ResizeKind,
     Resources,
     RunningJob,
     Tier,
+    check_elastic_range,
 )
 from preemptible.queue.core.negotiation import Negotiated, negotiate
-from preemptible.queue.core.policy import BASELINES, POLICIES, Policy, get_policy
+from preemptible.queue.core.policy import BASELINES, POLICIES, ElasticMode, Policy, get_policy
 from preemptible.queue.core.state import ClusterState, Snapshot, build_snapshot
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "Cluster",
     "ClusterState",
     "CycleResult",
+    "ElasticMode",
     "Job",
     "Limits",
     "Negotiated",
@@ -51,6 +55,8 @@ __all__ = [
     "Queue",
     "QueueConfig",
     "Reserve",
+    "Resize",
+    "ResizeKind",
     "Resources",
     "RunningJob",
     "ServiceSettings",
@@ -58,6 +64,7 @@ __all__ = [
     "Tier",
     "UsageTracker",
     "build_snapshot",
+    "check_elastic_range",
     "dominant_share",
     "fair_share_value",
     "get_policy",

@@ -109,11 +109,11 @@ def _releases(
     )
     return heapq.merge(
         (
-            Release(end, running[jid].job.request, running[jid].placement, end > now)
+            Release(end, running[jid].held, running[jid].placement, end > now)
             for end, jid in state.ends
             if jid not in loans_due
         ),
-        (Release(at, running[jid].job.request, running[jid].placement, True) for at, jid in loans),
+        (Release(at, running[jid].held, running[jid].placement, True) for at, jid in loans),
         sorted(
             (Release(s.end, s.request, s.placement, s.end > now) for s in also_running),
             key=lambda r: r.at,

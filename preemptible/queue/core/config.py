@@ -19,6 +19,7 @@ from typing import Any
 
 from preemptible.errors import ConfigError
 from preemptible.queue.core.model import NO_LIMIT, Cluster, Limits, Queue
+from preemptible.queue.core.policy import ElasticMode
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
@@ -71,6 +72,18 @@ class PolicySettings:
     beyond_limit: bool = True
     """Capacity nobody else can use may go to checkpoint-aware work over its queue's borrowing
     limit, the first reclaimed when another queue needs it (policies that have the rule)."""
+    elastic: ElasticMode | None = None
+    """How elastic jobs are resized (off, priced, priority); None: the policy's own mode.
+    It never makes a policy that does not resize start to (`policy.effective_elastic`)."""
+    grow_payback: float = 2.0
+    """Grow a shrunk job only when the GPU-seconds it gains on GPUs nobody else is expected to
+    want are at least this many times the resize's cost plus any expected shrink back
+    (docs/internals/grow-when-it-pays.md)."""
+    resize_interval_s: float = 60.0
+    """No job is resized twice within this long, or within `resize_interval_multiple` times
+    its save plus restore if that is longer."""
+    resize_interval_multiple: float = 10.0
+    """The minimum interval between two resizes of a job in units of its save plus restore."""
 
 
 RECLAIM_WITHIN_GRACES = 3.0
@@ -572,6 +585,10 @@ def _policy(raw: Any) -> PolicySettings:
         "backfill_depth",
         "defragment",
         "beyond_limit",
+        "elastic",
+        "grow_payback",
+        "resize_interval",
+        "resize_interval_multiple",
     }
     _only(raw, keys, ("policy",))
     kwargs: dict[str, Any] = {}
@@ -598,7 +615,26 @@ def _policy(raw: Any) -> PolicySettings:
         kwargs["backfill_depth"] = int(
             _number(raw["backfill_depth"], ("policy", "backfill_depth"), minimum=1, integer=True)
         )
+    if "elastic" in raw:
+        kwargs["elastic"] = _elastic(raw["elastic"])
+    for name in ("grow_payback", "resize_interval_multiple"):
+        if name in raw:
+            kwargs[name] = _number(raw[name], ("policy", name))
+    if "resize_interval" in raw:
+        kwargs["resize_interval_s"] = _seconds(
+            raw["resize_interval"], ("policy", "resize_interval")
+        )
     return PolicySettings(**{**_fields(PolicySettings()), **kwargs})
+
+
+def _elastic(value: Any) -> ElasticMode:
+    modes = ", ".join(f'"{m.value}"' for m in ElasticMode)
+    if not isinstance(value, str):
+        raise _Invalid(("policy", "elastic"), f"must be one of {modes}, not {value!r}")
+    try:
+        return ElasticMode(value.strip().lower())
+    except ValueError:
+        raise _Invalid(("policy", "elastic"), f"must be one of {modes}, not {value!r}") from None
 
 
 def _preemption(raw: Any) -> PreemptionSettings:

@@ -29,6 +29,13 @@ The phases, as in kueue's `schedule()`:
    refused only for their queue's borrowing limit, when they save on notice within their
    grace: they are the first reclaimed when another queue within its limit needs the capacity
    (`preemption.py`, rule 4), so the limit costs the others one grace, not idle GPUs.
+6. **Grow** (`_grow`, elastic jobs). What is still free, when no reservation drains capacity
+   and no pending job could use it, goes to shrunk elastic jobs when what they gain on GPUs
+   nobody else is expected to want pays for the resize and any expected shrink back
+   (`elastic.grow_price`).
+
+Elastic jobs (`elastic.py`) are also admitted at a smaller size in their range when their full
+size does not fit (3.2), and victim searches may shrink them instead of evicting (3.3).
 
 Capacity as the decisions so far leave it is the `Ledger`'s; victim searches share one
 `VictimSearch`; every reason's wording is in `reasons.py`.
@@ -38,13 +45,21 @@ Nothing here reads a clock, does I/O or mutates the snapshot: the shell applies 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import heapq
 
-from preemptible.queue.core import reasons
+from preemptible.queue.core import elastic, reasons
 from preemptible.queue.core.backfill import Reservation, Started, may_backfill, plan_reservation
 from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.core.defrag import MovePlan, find_moves
+from preemptible.queue.core.elastic import (
+    grow_price,
+    idle_horizon_s,
+    larger_sizes,
+    may_resize,
+    next_resize_at,
+)
 from preemptible.queue.core.ledger import Ledger
 from preemptible.queue.core.model import (
     Admit,
@@ -52,19 +67,22 @@ from preemptible.queue.core.model import (
     Job,
     Preempt,
     Reserve,
+    Resize,
     RunningJob,
     SearchKey,
 )
 from preemptible.queue.core.ordering import HeapEntry, PendingOrder
 from preemptible.queue.core.patience import ReclaimPatience
 from preemptible.queue.core.placement import Placement
-from preemptible.queue.core.policy import Policy
+from preemptible.queue.core.policy import ElasticMode, Policy, effective_elastic
 from preemptible.queue.core.preemption import (
+    Victim,
     VictimPlan,
     VictimSearch,
     in_cooldown,
     loans_due,
     saves_within_grace,
+    victim_grace_s,
 )
 from preemptible.queue.core.quota import QuotaVerdict, check_quota, is_borrowing
 from preemptible.queue.core.state import GroupKey, Snapshot
@@ -112,8 +130,15 @@ class _Cycle:
             config=config,
             now=now,
         )
+        self.elastic = effective_elastic(policy, config.policy.elastic)
         self.search = VictimSearch(
-            now=now, state=st, ledger=self.ledger, policy=policy, settings=config.preemption
+            now=now,
+            state=st,
+            ledger=self.ledger,
+            policy=policy,
+            settings=config.preemption,
+            elastic=self.elastic,
+            policy_settings=config.policy,
         )
         self.patience = (
             ReclaimPatience(
@@ -128,6 +153,12 @@ class _Cycle:
         )
         self.admits: list[Admit] = []
         self.preempts: list[Preempt] = []
+        self.resizes: list[Resize] = []
+        self.grow_at: float | None = None
+        """When a shrunk job that may not be resized yet may grow (`CycleResult.wake_at`)."""
+        self.arrived_gpus: float | None = None
+        """GPUs asked by the jobs still here that arrived within the last `default_estimate`
+        (`_idle_horizon_s`), counted at the first grow priced in the cycle."""
         self.reserves: list[Reserve] = []
         self.reasons: dict[str, str] = {}
         self.default_reason = reasons.WAITING_TURN
@@ -164,6 +195,7 @@ class _Cycle:
         self._nominated_first()
         self._walk()
         self._beyond_limit()
+        self._grow()
         return CycleResult(
             admit=tuple(self.admits),
             preempt=tuple(self.preempts),
@@ -174,8 +206,15 @@ class _Cycle:
             examined=self.examined,
             failed_preemptions=tuple(self.failed),
             rerun=self.rerun and bool(self.admits),
-            wake_at=self.patience.wake_at if self.patience is not None else None,
+            wake_at=self._wake_at(),
+            resize=tuple(self.resizes),
         )
+
+    def _wake_at(self) -> float | None:
+        times = [self.grow_at] if self.grow_at is not None else []
+        if self.patience is not None and self.patience.wake_at is not None:
+            times.append(self.patience.wake_at)
+        return min(times, default=None)
 
     # --- 1. nominees --------------------------------------------------------------------------
 
@@ -281,22 +320,43 @@ class _Cycle:
             self.over_limit.append(gkey)
             return Step.STOP if self.policy.head_of_line else Step.SKIP
         placement = self.ledger.place(job.request)
+        full = None
         if placement is None:
-            return self._blocked(job, verdict)
+            smaller = self._smaller_fit(job)
+            if smaller is None:
+                return self._blocked(job, verdict)
+            full = job
+            job, placement, verdict = smaller
         if self.patience is not None:
+            # At a smaller size too: an elastic job would borrow with the same grace.
             blocked = self.patience.blocks_borrower(job, verdict)
             if blocked is not None:
                 self.reasons[job.id] = reasons.BORROWER_BLOCKED
                 if blocked == "queue":
                     return Step.SKIP  # its queue's jobs are too slow to save: the group waits
                 return self._deeper(depth, gkey)  # its own save: the next may be quicker
-        return self._start(job, placement, verdict, depth, gkey)
+        return self._start(job, placement, verdict, depth, gkey, full=full)
 
     def _deeper(self, depth: dict[GroupKey, int], gkey: GroupKey) -> Step:
         """Look further into a group whose job was refused for a reason of its own, up to the
         backfill depth."""
         depth[gkey] = depth.get(gkey, 0) + 1
         return Step.NEXT if depth[gkey] < self.config.policy.backfill_depth else Step.SKIP
+
+    def _smaller_fit(self, job: Job) -> tuple[Job, Placement, QuotaVerdict] | None:
+        """An elastic job whose full size does not fit: the largest size in its range that
+        fits now, as the job at that size, with its placement and quota verdict."""
+        if self.elastic is ElasticMode.OFF or not job.is_elastic:
+            return None
+        for gpus in job.sizes()[1:]:
+            sized = dataclasses.replace(job, request=job.at_size(gpus))
+            verdict = self._quota(sized)
+            if verdict is QuotaVerdict.OVER_LIMIT:
+                continue
+            placement = self.ledger.place(sized.request)
+            if placement is not None:
+                return sized, placement, verdict
+        return None
 
     def _start(
         self,
@@ -305,24 +365,36 @@ class _Cycle:
         verdict: QuotaVerdict,
         depth: dict[GroupKey, int],
         gkey: GroupKey,
+        *,
+        full: Job | None = None,
     ) -> Step:
-        """`job` fits now: start it unless that would delay the reservation (2)."""
+        """`job` fits now: start it unless that would delay the reservation (2). `full`: the
+        elastic job as submitted, when `job` is it at a smaller size."""
+
+        def sized(reason: str) -> str:
+            if full is None:
+                return reason
+            return reasons.admitted_smaller(full, job.request.gpus, reason)
+
+        gpus = None if full is None else job.request.gpus
         res = self.reservation
         if res is None or (
             res.borrowing and verdict is QuotaVerdict.WITHIN_NOMINAL and job.queue != res.queue
         ):
-            reason = reasons.admitted(job, verdict, quotas=self.policy.quotas)
-            self._admit(job, placement, verdict, reason)
+            reason = sized(reasons.admitted(job, verdict, quotas=self.policy.quotas))
+            self._admit(job, placement, verdict, reason, gpus=gpus)
             self._use_held_nodes(placement)
             return Step.NEXT
         kept = self._backfill_placement(job, placement, res)
         if kept is not None:
-            reason = reasons.admitted_by_backfill(res.job_id)
-            self._admit(job, kept, verdict, reason, backfill=True)
+            reason = sized(reasons.admitted_by_backfill(res.job_id))
+            self._admit(job, kept, verdict, reason, backfill=True, gpus=gpus)
             return Step.NEXT
         if self._may_loan(job):
-            reason = reasons.admitted_on_loan(res.job_id)
-            self._admit(job, placement, verdict, reason, backfill=True, loan_for=res.job_id)
+            reason = sized(reasons.admitted_on_loan(res.job_id))
+            self._admit(
+                job, placement, verdict, reason, backfill=True, loan_for=res.job_id, gpus=gpus
+            )
             return Step.NEXT  # a loan's GPUs come back to the reservation: its spare stands
         self.reasons[job.id] = reasons.would_delay(res.job_id)
         if job.estimate_s is None and not self.policy.loan_backfill:
@@ -423,7 +495,9 @@ class _Cycle:
         *,
         backfill: bool = False,
         loan_for: str | None = None,
+        gpus: int | None = None,
     ) -> None:
+        """Admit `job` (at `gpus`: then `job` is the elastic job at that size)."""
         self.ledger.admit(job, placement)
         self.order.changed(job.queue)
         self.search.forget_eligible()
@@ -441,6 +515,7 @@ class _Cycle:
                 backfill=backfill,
                 loan_for=loan_for,
                 reason=reason,
+                gpus=gpus,
             )
         )
 
@@ -542,11 +617,15 @@ class _Cycle:
 
     def _notify_victims(self, job: Job, plan: VictimPlan) -> None:
         """Send `plan`'s victims their notices and hold what they free for `job`."""
-        names = []
+        names, shrunk = [], []
         for v in plan.victims:
             vjob = v.running.job
+            if v.gpus_after is not None:
+                self._shrink(job, plan, v)
+                shrunk.append(vjob.id)
+                continue
             self.search.take(vjob)
-            self.ledger.leave(vjob)
+            self.ledger.leave(v.running, v.leaves())
             names.append(vjob.id)
             reason = reasons.preempted(
                 vjob,
@@ -555,6 +634,12 @@ class _Cycle:
                 min_runtime=self.policy.protect_min_runtime,
                 lost_gpu_s=v.lost_gpu_s,
             )
+            if plan.shrink_lost_gpu_s is not None:
+                reason = reasons.evicted_over_shrink(
+                    reason, plan.shrink_lost_gpu_s, plan.lost_gpu_s
+                )
+            if v.shrinking_to is not None:
+                reason = reasons.evicted_while_shrinking(reason, v.shrinking_to)
             self.preempts.append(
                 Preempt(
                     job_id=vjob.id,
@@ -568,10 +653,200 @@ class _Cycle:
             )
         # Victims chosen: the queue budgets and what each queue borrows have changed.
         self.search.forget_eligible()
-        freed = sum(v.running.job.request.gpus for v in plan.victims)
+        freed = sum(v.leaves().gpus for v in plan.victims)
         self.incoming += max(0, freed + max(0, int(self.ledger.free.gpus)) - job.request.gpus)
         self._hold(job, plan.placement or ())
-        self.reasons[job.id] = reasons.preempting(names)
+        if shrunk:
+            self.reasons[job.id] = reasons.making_room(names, shrunk)
+        else:
+            self.reasons[job.id] = reasons.preempting(names)
+
+    def _shrink(self, job: Job, plan: VictimPlan, v: Victim) -> None:
+        """Shrink the elastic victim `v` for `job` instead of evicting it."""
+        rj, gpus_after = v.running, v.gpus_after
+        assert gpus_after is not None
+        vjob = rj.job
+        self.search.take(vjob, budget=False)
+        self.ledger.leave(rj, rj.held - vjob.at_size(gpus_after))
+        reason = reasons.shrunk(
+            vjob,
+            rj.size,
+            gpus_after,
+            v.kind,
+            job,
+            lost_gpu_s=v.lost_gpu_s,
+            plan_lost_gpu_s=plan.lost_gpu_s,
+            evict_lost_gpu_s=plan.evict_lost_gpu_s,
+            by_priority=self.elastic is ElasticMode.PRIORITY,
+        )
+        self.resizes.append(
+            Resize(
+                job_id=vjob.id,
+                gpus=gpus_after,
+                grace_s=v.grace_s,
+                kind="shrink",
+                for_job=job.id,
+                lost_gpu_s=v.lost_gpu_s,
+                placement=elastic.kept(rj, gpus_after),
+                for_nodes=plan.placement or (),
+                reason=reason,
+            )
+        )
+
+    # --- 6. grow ------------------------------------------------------------------------------
+
+    def _grow(self) -> None:
+        """Give GPUs nobody pending can use to shrunk elastic jobs, when the rest of their
+        run pays for the resize (priced) or whenever they idle (priority)."""
+        if self.elastic is ElasticMode.OFF or self.reservation is not None:
+            return
+        if self.ledger.free.gpus <= 0 or self._pending_could_use():
+            return
+        st = self.st
+        shrunk = [
+            rj
+            for rj in st.running.values()
+            if rj.gpus is not None
+            and rj.size < rj.job.request.gpus
+            and not rj.terminating
+            and rj.job.id not in st.shrinking
+            and rj.job.id not in self.search.taken
+        ]
+        shrunk.sort(key=lambda r: (-r.job.tier.rank, r.size / r.job.request.gpus, r.started_at))
+        for rj in shrunk:
+            if self.ledger.free.gpus <= 0:
+                return
+            if may_resize(rj.job, self.now, self.config.policy):
+                self._maybe_grow(rj)
+            else:
+                at = next_resize_at(rj.job, self.config.policy)
+                self.grow_at = at if self.grow_at is None else min(self.grow_at, at)
+
+    def _maybe_grow(self, rj: RunningJob) -> None:
+        job, ledger, policy = rj.job, self.ledger, self.config.policy
+        grace = victim_grace_s(job, self.policy, self.config.preemption)
+        priced = self.elastic is ElasticMode.PRICED
+        for gpus in larger_sizes(rj):
+            extra = job.at_size(gpus) - rj.held
+            if not ledger.fits_by_count(extra):
+                continue
+            verdict = QuotaVerdict.WITHIN_NOMINAL
+            if self.policy.quotas:
+                verdict = check_quota(self.st.queues[job.queue], ledger.alloc[job.queue], extra)
+                if verdict is QuotaVerdict.OVER_LIMIT:
+                    continue
+            on = self._grow_on(rj, extra.gpus)
+            if on is None:
+                continue
+            price = grow_price(
+                rj,
+                gpus,
+                now=self.now,
+                grace_s=grace,
+                idle_s=self._idle_horizon_s(rj, extra.gpus) if priced else INF,
+                reclaimable=(
+                    verdict is QuotaVerdict.BORROWING
+                    and self._owed_elsewhere(job.queue) > ledger.free.gpus - extra.gpus
+                ),
+                policy=policy,
+                settings=self.config.preemption,
+            )
+            if priced and not price.pays:
+                continue
+            ledger.grow(rj, extra, on)
+            self.order.changed(job.queue)
+            self.search.forget_eligible()
+            self.search.take(job, budget=False)
+            merged = dict(rj.placement)
+            for node, g in on:
+                merged[node] = merged.get(node, 0) + g
+            self.resizes.append(
+                Resize(
+                    job_id=job.id,
+                    gpus=gpus,
+                    grace_s=grace,
+                    kind="grow",
+                    lost_gpu_s=price.resize_gpu_s,
+                    placement=tuple(sorted(merged.items())),
+                    reason=reasons.grown(job, rj.size, gpus, price, by_priority=not priced),
+                )
+            )
+            return
+
+    def _idle_horizon_s(self, rj: RunningJob, extra_gpus: float) -> float:
+        """How long `extra_gpus` of what is free now are expected to stay unwanted
+        (`elastic.idle_horizon_s`): pending jobs the walk did not start and their quota allows,
+        each at its smallest size, and new jobs at the rate the jobs still here arrived over
+        the last `default_estimate` (not counting `rj` itself: its demand is what the grow
+        serves), against the running jobs' expected ends."""
+        st = self.st
+        needs = []
+        for group in st.groups.values():
+            job = next((j for j in group.jobs if j.id not in self.started), None)
+            if job is None or self._quota(job) is QuotaVerdict.OVER_LIMIT:
+                continue
+            needs.append(job.at_size(job.sizes()[-1]).gpus)
+        window = self.config.policy.default_estimate_s
+        since = self.now - window
+        if self.arrived_gpus is None:
+            jobs = [*st.pending.values(), *(r.job for r in st.running.values())]
+            self.arrived_gpus = sum(j.request.gpus for j in jobs if j.submitted_at > since)
+        own = rj.job.request.gpus if rj.job.submitted_at > since else 0
+        rate = (self.arrived_gpus - own) / window if window > 0 else 0.0
+        running = st.running
+        return idle_horizon_s(
+            self.ledger.free.gpus,
+            extra_gpus,
+            needs=needs,
+            ends=[(at, running[j].held.gpus) for at, j in st.ends if j in running],
+            arrivals_gpus_per_s=rate,
+            now=self.now,
+        )
+
+    def _owed_elsewhere(self, queue: str) -> float:
+        """GPUs the other queues' nominal quotas promise and they do not hold: what their
+        next jobs may reclaim from borrowers."""
+        total = self.st.cluster.gpus
+        return sum(
+            min(total, max(0.0, q.nominal.gpus - self.ledger.alloc[q.name].gpus))
+            for q in self.st.queues.values()
+            if q.name != queue
+        )
+
+    def _grow_on(self, rj: RunningJob, extra: int) -> Placement | None:
+        """Where `rj` may take `extra` GPUs: on the nodes it holds first, then on the emptiest
+        other nodes (it restarts anyway); () on a flat pool; None when too few are free."""
+        pool = self.ledger.pool
+        if pool is None:
+            return ()
+        own = [node for node, _ in rj.placement]
+        others = sorted(
+            (n for n in range(len(pool.free)) if n not in own and pool.free[n] > 0),
+            key=lambda n: (-pool.free[n], n),
+        )
+        on = []
+        for node in (*own, *others):
+            take = min(pool.free[node], extra)
+            if take > 0:
+                on.append((node, take))
+                extra -= take
+            if extra <= 0:
+                return tuple(on)
+        return None
+
+    def _pending_could_use(self) -> bool:
+        """Whether a pending job the cycle did not start fits in what is free and its quota:
+        then free GPUs are its to take (next cycle, or once its own wait ends), not a grow's."""
+        for group in self.st.groups.values():
+            job = next((j for j in group.jobs if j.id not in self.started), None)
+            if job is None:
+                continue
+            need = job.request if self.elastic is ElasticMode.OFF else job.at_size(job.sizes()[-1])
+            if not self.ledger.fits_by_count(need):
+                continue
+            if self._quota(job) is not QuotaVerdict.OVER_LIMIT:
+                return True
+        return False
 
     def _maybe_move(self, job: Job) -> bool:
         """Move small jobs off a node for a job ahead of any reservation that fits by count

@@ -233,6 +233,8 @@ def _movers_on(
         vjob = rj.job
         if rj.terminating or len(rj.placement) != 1:
             continue
+        if rj.gpus is not None or job_id in state.shrinking:
+            continue  # an elastic job below its size restarts by a resize, not a move
         if not saves_within_grace(vjob, policy, settings):
             continue
         if policy.protect_min_runtime and now < min_runtime_end(rj, settings):

@@ -8,7 +8,7 @@ itself changes only when the shell applies the decisions.
 
 from __future__ import annotations
 
-from preemptible.queue.core.model import Job, Resources
+from preemptible.queue.core.model import Job, Resources, RunningJob
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.resources import INF, TOLERANCE, Amounts
 from preemptible.queue.core.state import ClusterState
@@ -54,10 +54,12 @@ class Ledger:
             return on
         return self.pool.find(int(request.gpus))
 
-    def admit(self, job: Job, placement: Placement) -> None:
-        """`job` starts on `placement`: its request is no longer free and its queue holds it."""
-        self.free.add(job.request, -1)
-        self.alloc[job.queue].add(job.request)
+    def admit(self, job: Job, placement: Placement, amount: Resources | None = None) -> None:
+        """`job` starts on `placement` with `amount` (its request unless it is elastic and
+        starts smaller): that is no longer free and its queue holds it."""
+        held = job.request if amount is None else amount
+        self.free.add(held, -1)
+        self.alloc[job.queue].add(held)
         if self.pool is not None:
             self.pool.take(placement)
 
@@ -76,9 +78,17 @@ class Ledger:
         self.pool.take(held)
         return held
 
-    def leave(self, job: Job) -> None:
-        """`job` was told to go: what it holds counts as leaving its queue."""
-        self.leaving[job.queue].add(job.request)
+    def leave(self, running: RunningJob, amount: Resources | None = None) -> None:
+        """`running` was told to go (or to give up `amount`, a shrink): that counts as leaving
+        its queue."""
+        self.leaving[running.job.queue].add(running.held if amount is None else amount)
+
+    def grow(self, running: RunningJob, extra: Resources, on: Placement) -> None:
+        """`running` grows by `extra`, on the node GPUs `on`: they are no longer free."""
+        self.free.add(extra, -1)
+        self.alloc[running.job.queue].add(extra)
+        if self.pool is not None:
+            self.pool.take(on)
 
 
 def _available(free: float, asked: float) -> float:

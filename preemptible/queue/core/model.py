@@ -162,6 +162,12 @@ class Job:
     """When it was last preempted, for the anti-thrashing window."""
     preemptions: int = 0
     """How often it was preempted so far."""
+    min_gpus: int | None = None
+    """Smallest size it may run at (an elastic job); None: rigid, it runs at `request.gpus`."""
+    gpus_multiple: int = 1
+    """An elastic job's size is a multiple of this (e.g. 2 for pairs of tensor-parallel ranks)."""
+    last_resized_at: float | None = None
+    """When it was last resized, for the minimum interval between resizes (`elastic.py`)."""
 
     @property
     def is_gang(self) -> bool:
@@ -173,6 +179,63 @@ class Job:
         SLURM assumes a partition's time limit) plus the restore cost."""
         estimate = self.estimate_s if self.estimate_s is not None else default_estimate_s
         return estimate + self.restore_s
+
+    @property
+    def is_elastic(self) -> bool:
+        """Whether it may run at fewer GPUs than it asks for."""
+        return self.min_gpus is not None and self.min_gpus < self.request.gpus
+
+    def sizes(self) -> tuple[int, ...]:
+        """The sizes it may run at, largest (its request) first: multiples of `gpus_multiple`
+        from `request.gpus` down to `min_gpus`; only its request when rigid."""
+        full = self.request.gpus
+        if self.min_gpus is None or self.min_gpus >= full:
+            return (full,)
+        step = max(self.gpus_multiple, 1)
+        return tuple(g for g in range(full, self.min_gpus - 1, -step) if g % step == 0)
+
+    def at_size(self, gpus: int) -> Resources:
+        """Its request at `gpus` GPUs: CPUs and memory in proportion (they are per rank)."""
+        full = self.request
+        if gpus == full.gpus or not full.gpus:
+            return full
+        share = gpus / full.gpus
+        return Resources(gpus=gpus, cpus=full.cpus * share, memory_gb=full.memory_gb * share)
+
+
+def check_elastic_range(job: Job, cluster: Cluster) -> None:
+    """Check a job's size range at submission (the service answers 422 with the message).
+
+    Raises:
+        ConfigError: `min_gpus` below 1 or above `request.gpus`, a `gpus_multiple` below 1 or
+            that does not divide both ends of the range, or a range whose smallest size does
+            not fit the cluster.
+    """
+    gpus, low, step = job.request.gpus, job.min_gpus, job.gpus_multiple
+    if step < 1:
+        raise ConfigError(f"job {job.id!r}: gpus_multiple must be 1 or more, not {step}")
+    if low is None:
+        if step != 1 and gpus % step:
+            raise ConfigError(
+                f"job {job.id!r}: gpus_multiple {step} does not divide gpus {gpus}; "
+                "give a multiple that divides it"
+            )
+        return
+    if low < 1:
+        raise ConfigError(f"job {job.id!r}: min_gpus must be 1 or more, not {low}")
+    if low > gpus:
+        raise ConfigError(
+            f"job {job.id!r}: min_gpus {low} is more than gpus {gpus}; give min_gpus <= gpus"
+        )
+    if gpus % step or low % step:
+        raise ConfigError(
+            f"job {job.id!r}: gpus_multiple {step} must divide both gpus {gpus} and min_gpus {low}"
+        )
+    if low > cluster.gpus:
+        raise ConfigError(
+            f"job {job.id!r}: even its smallest size, {low} GPUs, is more than the cluster's "
+            f"{cluster.gpus}; lower min_gpus"
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -192,6 +255,19 @@ class RunningJob:
     loan_for: str | None = None
     """The reserved job it started ahead of although it may delay it: that job may preempt it
     once it has run its minimum runtime (`Policy.loan_backfill`); None when not on loan."""
+    gpus: int | None = None
+    """GPUs it holds now, fewer than its request when an elastic job runs smaller; None: its
+    request. Everything that counts capacity counts `held`, never the request."""
+
+    @property
+    def size(self) -> int:
+        """GPUs it holds now."""
+        return self.job.request.gpus if self.gpus is None else self.gpus
+
+    @property
+    def held(self) -> Resources:
+        """What it holds now: its request at its current size."""
+        return self.job.request if self.gpus is None else self.job.at_size(self.gpus)
 
     def checkpoint_time(self, now: float) -> float:
         """The latest time at which this run's progress was saved (the run start if never)."""
@@ -228,6 +304,9 @@ class Admit:
     loan_for: str | None = None
     """The reserved job it may delay and so may be preempted by (`RunningJob.loan_for`)."""
     reason: str = ""
+    gpus: int | None = None
+    """GPUs it starts with: fewer than its request for an elastic job admitted at what fits
+    now (`RunningJob.gpus`); None: its request."""
 
 
 VictimKind = Literal["tier", "reclaim", "beyond_limit", "loan"]
@@ -276,6 +355,63 @@ class Preempt:
         return self.kind == "loan"
 
 
+ResizeKind = Literal["shrink", "grow"]
+"""A shrink gives GPUs to another job instead of an eviction; a grow takes idle ones."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Resize:
+    """Tell the elastic job `job_id` to save at its next step and restart at `gpus` GPUs.
+
+    A shrink keeps holding its GPUs until it has saved (within `grace_s`), then restarts on
+    `placement`; what it gives up goes first to `for_job` (nominated, as for a `Preempt`). A
+    grow holds its new GPUs from the notice on.
+    """
+
+    job_id: str
+    gpus: int
+    """Its size after the resize."""
+    grace_s: float
+    """Seconds to save before the restart (a shrink's victim gets what an eviction would)."""
+    kind: ResizeKind
+    for_job: str | None = None
+    """The job a shrink frees GPUs for; None for a grow."""
+    lost_gpu_s: float = 0.0
+    """Estimated GPU-seconds the resize costs: the save on its current GPUs plus the restore
+    on its new ones (`elastic.resize_lost_gpu_s`)."""
+    placement: tuple[tuple[int, int], ...] = ()
+    """(node, GPUs) it holds after the resize, when the cluster has nodes."""
+    for_nodes: tuple[tuple[int, int], ...] = ()
+    """As `Preempt.for_nodes`: where `for_job` is to start, held for it meanwhile."""
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GrowPrice:
+    """What growing a job gains and costs, in GPU-seconds (docs/internals/grow-when-it-pays.md)."""
+
+    gained_gpu_s: float
+    """The added GPUs over the part of its remaining run they would otherwise idle."""
+    resize_gpu_s: float
+    """What the grow itself loses: a save on the GPUs it holds, a restore on all after."""
+    back_gpu_s: float
+    """What shrinking it back loses, when that is expected (0 when it is not)."""
+    idle_s: float
+    """How long the added GPUs are expected to stay unwanted by others (`idle_horizon_s`)."""
+    payback: float
+    """The gain must be at least this many times the cost (`grow_payback`)."""
+
+    @property
+    def cost_gpu_s(self) -> float:
+        """The grow and the expected shrink back."""
+        return self.resize_gpu_s + self.back_gpu_s
+
+    @property
+    def pays(self) -> bool:
+        """gained >= payback x (grow + expected shrink back)."""
+        return self.gained_gpu_s >= self.payback * self.cost_gpu_s
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Reserve:
     """Capacity is held for the blocked head job `job_id`, expected to start at `start_at`."""
@@ -308,12 +444,15 @@ class CycleResult:
     wake_at: float | None = None
     """The shell should run a cycle by then even if nothing happens: a job that waits before
     reclaiming (`Policy.patient_reclaim`) reclaims at that time if still blocked."""
+    resize: tuple[Resize, ...] = ()
+    """Elastic jobs to shrink (instead of evicting) or grow (`elastic.py`)."""
 
     def reason_for(self, job_id: str) -> str:
         """Why a job is pending (or what happened to it) after this cycle."""
-        decisions: tuple[Admit | Preempt | Reserve, ...] = (
+        decisions: tuple[Admit | Preempt | Resize | Reserve, ...] = (
             *self.admit,
             *self.preempt,
+            *self.resize,
             *self.reserve,
         )
         for decision in decisions:

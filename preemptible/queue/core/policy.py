@@ -16,10 +16,18 @@ five implementations. The baselines model the defaults of the systems they are n
   runtime, anti-thrashing budgets, backfill with a reservation where work that would delay
   the reserved job still starts, on loan, when it checkpoints on notice, and idle capacity
   lent beyond the borrowing limit to work that checkpoints on notice.
+
+Elastic jobs (`elastic.py`) are resized by `Policy.elastic`: ours prices a shrink against an
+eviction; the baselines keep every job at its full size. A variant of a built-in policy is
+named `NAME+elastic=MODE` (e.g. `preemptible+elastic=off`, `preemptible+elastic=priority`,
+the latter the Kueue/KAI rule of shrinking the lowest priority first): `POLICIES` and
+`get_policy` answer such names, while iterating `POLICIES` still gives only the built-ins, so
+reports over "all" policies do not change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -41,6 +49,34 @@ class VictimOrder(enum.StrEnum):
 
     LEAST_LOST_WORK = "least_lost_work"
     LOWEST_PRIORITY_NEWEST = "lowest_priority_newest"
+
+
+class ElasticMode(enum.StrEnum):
+    """What the core does with elastic jobs (`Job.min_gpus`)."""
+
+    OFF = "off"
+    """Ranges are ignored: every job runs at its full size and is evicted, as a rigid job."""
+    PRICED = "priced"
+    """Admit within the range; shrink instead of evicting when that loses less work than the
+    cheapest eviction; grow when the rest of the run pays for the resize (`elastic.py`)."""
+    PRIORITY = "priority"
+    """The Kueue/KAI baseline: admit within the range; take GPUs from the lowest-priority
+    elastic jobs first, down to their minimum, before evicting anyone, whatever either costs;
+    grow whenever GPUs idle (no payback rule)."""
+
+    @classmethod
+    def parse(cls, value: str | ElasticMode) -> ElasticMode:
+        """Read a mode from its name.
+
+        Raises:
+            ConfigError: not one of off, priced, priority.
+        """
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            raise ConfigError(
+                f"unknown elastic mode {value!r}: use one of {', '.join(m.value for m in cls)}"
+            ) from None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -107,42 +143,77 @@ class Policy:
     limit, which is then the first reclaimed: any job of another queue within its own limit
     may preempt it (`cycle.py`, `preemption.py`). The limit protects the other queues through
     reclaim, at the cost of a save and a restore, instead of through idle GPUs."""
+    elastic: ElasticMode = ElasticMode.OFF
+    """Whether and how elastic jobs are admitted smaller, shrunk and grown (`ElasticMode`);
+    `[policy] elastic` may override it (`effective_elastic`)."""
 
 
-POLICIES: dict[str, Policy] = {
-    "fifo": Policy(name="fifo", ordering=Ordering.FIFO, head_of_line=True),
-    "priority": Policy(name="priority", ordering=Ordering.PRIORITY, head_of_line=True),
-    "kueue": Policy(
-        name="kueue",
-        ordering=Ordering.KUEUE,
-        quotas=True,
-        reclaim=True,
-        tier_preemption=True,
-        victim_order=VictimOrder.LOWEST_PRIORITY_NEWEST,
-    ),
-    "slurm": Policy(name="slurm", ordering=Ordering.SLURM, backfill=True),
-    "preemptible": Policy(
-        name="preemptible",
-        ordering=Ordering.FAIR,
-        quotas=True,
-        reclaim=True,
-        tier_preemption=True,
-        tier_preemption_across_queues=True,
-        victim_order=VictimOrder.LEAST_LOST_WORK,
-        within_borrowed=True,
-        backfill=True,
-        loan_backfill=True,
-        protect_min_runtime=True,
-        anti_thrashing=True,
-        negotiated_grace=True,
-        nominal_first=True,
-        patient_reclaim=True,
-        defragment=True,
-        patient_tier_preemption=True,
-        beyond_limit=True,
-    ),
-}
-"""The built-in policies by name; `preemptible` is ours, the others are baselines."""
+class _PolicyTable(dict[str, Policy]):
+    """The built-in policies; also answers `NAME+elastic=MODE` variants without listing them."""
+
+    def __contains__(self, name: object) -> bool:
+        return dict.__contains__(self, name) or (
+            isinstance(name, str) and _variant(self, name) is not None
+        )
+
+    def __missing__(self, name: str) -> Policy:
+        variant = _variant(self, name)
+        if variant is None:
+            raise KeyError(name)
+        return variant
+
+
+def _variant(table: dict[str, Policy], name: str) -> Policy | None:
+    """`preemptible+elastic=off` -> the `preemptible` policy with `elastic` off, or None."""
+    base, sep, modifier = name.partition("+")
+    key, eq, value = modifier.partition("=")
+    if not sep or not eq or key != "elastic" or not dict.__contains__(table, base):
+        return None
+    try:
+        mode = ElasticMode(value)
+    except ValueError:
+        return None
+    return dataclasses.replace(dict.__getitem__(table, base), name=name, elastic=mode)
+
+
+POLICIES: dict[str, Policy] = _PolicyTable(
+    {
+        "fifo": Policy(name="fifo", ordering=Ordering.FIFO, head_of_line=True),
+        "priority": Policy(name="priority", ordering=Ordering.PRIORITY, head_of_line=True),
+        "kueue": Policy(
+            name="kueue",
+            ordering=Ordering.KUEUE,
+            quotas=True,
+            reclaim=True,
+            tier_preemption=True,
+            victim_order=VictimOrder.LOWEST_PRIORITY_NEWEST,
+        ),
+        "slurm": Policy(name="slurm", ordering=Ordering.SLURM, backfill=True),
+        "preemptible": Policy(
+            name="preemptible",
+            ordering=Ordering.FAIR,
+            quotas=True,
+            reclaim=True,
+            tier_preemption=True,
+            tier_preemption_across_queues=True,
+            victim_order=VictimOrder.LEAST_LOST_WORK,
+            within_borrowed=True,
+            backfill=True,
+            loan_backfill=True,
+            protect_min_runtime=True,
+            anti_thrashing=True,
+            negotiated_grace=True,
+            nominal_first=True,
+            patient_reclaim=True,
+            defragment=True,
+            patient_tier_preemption=True,
+            beyond_limit=True,
+            elastic=ElasticMode.PRICED,
+        ),
+    }
+)
+"""The built-in policies by name; `preemptible` is ours, the others are baselines. Variants
+`NAME+elastic=MODE` are answered too (the module docstring)."""
 
 BASELINES = ("fifo", "priority", "kueue", "slurm")
 
@@ -156,4 +227,16 @@ def get_policy(name: str) -> Policy:
     try:
         return POLICIES[name]
     except KeyError:
-        raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+        raise ConfigError(
+            f"unknown policy {name!r}; choose one of {', '.join(POLICIES)} (or NAME+elastic=MODE, "
+            "MODE one of off, priced, priority)"
+        ) from None
+
+
+def effective_elastic(policy: Policy, setting: ElasticMode | None) -> ElasticMode:
+    """The elastic mode a cycle applies: the policy's, unless `[policy] elastic` says
+    otherwise; the setting may change how a policy that resizes does it, or turn it off, but
+    never makes a baseline that does not resize start to."""
+    if setting is None or policy.elastic is ElasticMode.OFF:
+        return policy.elastic
+    return setting

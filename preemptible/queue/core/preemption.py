@@ -23,14 +23,23 @@ Among the allowed victims, `victim_sets.py` picks the set that makes the job fit
 lost work: GPU-seconds since each victim's last checkpoint (only its save time when it
 checkpoints on notice within its grace) plus its restore. What a queue borrows is judged without
 its jobs that were already told to go.
+
+An allowed victim that is elastic may instead be shrunk toward its minimum (`elastic.py`,
+`VictimSearch._shrink_or_evict`): the same reasons allow it, it gets the same grace, and the
+plan with shrinks is chosen when it loses no more than the plan of evictions alone (never when
+an eviction loses strictly less), so work within nominal quota still waits at most one grace for
+what it is owed. For the same reason a job whose shrink is under way is never shrunk again but
+may be evicted, priced as an eviction of all it holds (`docs/internals/shrink-or-evict.md`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from preemptible.queue.core.config import PreemptionSettings
+from preemptible.queue.core.config import PolicySettings, PreemptionSettings
+from preemptible.queue.core.elastic import may_resize, shrink_option
 from preemptible.queue.core.ledger import Ledger
 from preemptible.queue.core.model import Job, RunningJob, VictimKind
 from preemptible.queue.core.negotiation import (
@@ -38,7 +47,7 @@ from preemptible.queue.core.negotiation import (
     grace_seconds,
     min_runtime_seconds,
 )
-from preemptible.queue.core.policy import Policy, VictimOrder
+from preemptible.queue.core.policy import ElasticMode, Policy, VictimOrder
 from preemptible.queue.core.quota import (
     QuotaVerdict,
     beyond_limit,
@@ -92,7 +101,7 @@ def lost_gpu_seconds(
     The restore counts as negotiated (at most `max_claimed_restore`): a claim must not make a
     job the last victim any more than it may make it unpreemptable."""
     job = running.job
-    gpus = max(job.request.gpus, 1)
+    gpus = max(running.size, 1)
     restore_s = counted_restore_s(job.restore_s, settings)
     if job.checkpoint_on_notice and job.save_s <= grace_s:
         return gpus * (job.save_s + restore_s)
@@ -120,6 +129,8 @@ class Price(NamedTuple):
     order: tuple[float | str, ...]
     lost_gpu_s: float
     grace_s: float
+    shrinking_to: int | None = None
+    """The size a shrink under way takes it to (`Candidate.shrinking_to`); None: none is."""
 
 
 class _Scope(NamedTuple):
@@ -153,12 +164,17 @@ class VictimSearch:
         ledger: Ledger,
         policy: Policy,
         settings: PreemptionSettings,
+        elastic: ElasticMode = ElasticMode.OFF,
+        policy_settings: PolicySettings | None = None,
     ):
         self.now = now
         self.state = state
         self.ledger = ledger
         self.policy = policy
         self.settings = settings
+        self.elastic = elastic
+        """How elastic jobs may be shrunk instead of evicted (`shrink_or_evict`)."""
+        self.policy_settings = policy_settings or PolicySettings()
         self.taken: set[str] = set()
         """Jobs chosen as victims (or to move) in this cycle: no later search takes them."""
         self.budget_used: dict[str, int] = {}
@@ -168,10 +184,11 @@ class VictimSearch:
             tuple[str, int, bool, bool, str | None, frozenset[str]], list[Candidate]
         ] = {}
 
-    def take(self, victim: Job) -> None:
-        """`victim` gets a notice this cycle: it counts against its queue's budget and no later
-        search of the cycle may choose it again."""
-        self.budget_used[victim.queue] = self.budget_used.get(victim.queue, 0) + 1
+    def take(self, victim: Job, *, budget: bool = True) -> None:
+        """`victim` gets a notice this cycle: it counts against its queue's budget (unless it
+        is a shrink, `budget=False`) and no later search of the cycle may choose it again."""
+        if budget:
+            self.budget_used[victim.queue] = self.budget_used.get(victim.queue, 0) + 1
         self.taken.add(victim.id)
 
     def forget_eligible(self) -> None:
@@ -190,6 +207,73 @@ class VictimSearch:
         candidates = self.candidates(job, scope)
         if not candidates:
             return None
+        plan = self._cheapest(job, candidates, scope)
+        if self.elastic is ElasticMode.OFF:
+            return plan
+        return self._shrink_or_evict(job, candidates, scope, plan)
+
+    def _shrink_or_evict(
+        self, job: Job, candidates: list[Candidate], scope: _Scope, plan: VictimPlan | None
+    ) -> VictimPlan | None:
+        """The plan of evictions alone, or one that shrinks elastic jobs instead: the cheaper
+        (`ElasticMode.PRICED`, the shrinks on a tie), or any that shrinks (`PRIORITY`)."""
+        shrinks = self._shrinks(candidates)
+        if not shrinks:
+            return plan
+        shrinkable = {c.running.job.id for c in shrinks}
+        rest = [c for c in candidates if c.running.job.id not in shrinkable]
+        # Shrinks before any eviction: the priority rule, and for the priced one the plan
+        # with shrinks to weigh when the cheapest-first order finds none.
+        first = shrinks + [c._replace(order=(1, *c.order)) for c in rest]
+        mixed = None
+        if self.elastic is ElasticMode.PRICED:
+            mixed = self._cheapest(job, sorted(shrinks + rest, key=lambda c: c.order), scope)
+        if mixed is None or not mixed.shrinks:
+            other = self._cheapest(job, first, scope)
+            if other is not None and other.shrinks:
+                mixed = other
+        if mixed is None or not mixed.shrinks:
+            return plan if plan is not None else mixed
+        evict = None if plan is None else plan.lost_gpu_s
+        chosen = mixed
+        if (
+            self.elastic is ElasticMode.PRICED
+            and plan is not None
+            and plan.lost_gpu_s < mixed.lost_gpu_s
+        ):
+            # A tie goes to the shrink: an eviction gives up all the victim's GPUs until it is
+            # readmitted, a shrink keeps it running on the rest.
+            chosen = plan
+        return dataclasses.replace(
+            chosen, evict_lost_gpu_s=evict, shrink_lost_gpu_s=mixed.lost_gpu_s
+        )
+
+    def _shrinks(self, candidates: list[Candidate]) -> list[Candidate]:
+        """A shrink to its minimum for each candidate that may shrink, in the search order."""
+        out = []
+        for c in candidates:
+            rj = c.running
+            if c.shrinking_to is not None or not rj.job.is_elastic:
+                continue  # a job whose shrink is under way is never shrunk again
+            if not may_resize(rj.job, self.now, self.policy_settings):
+                continue
+            option = shrink_option(rj, self.now, c.grace_s, self.settings)
+            if option is None:
+                continue
+            lost = option.lost_gpu_s
+            order: tuple[float | str, ...]
+            if self.elastic is ElasticMode.PRIORITY:
+                order = (0, rj.job.tier.rank, -rj.started_at, rj.job.id)
+            elif self.policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST:
+                order = c.order
+            else:
+                freed = max(rj.size - option.gpus_after, 1)
+                order = (lost / freed, lost, -rj.started_at, rj.job.id)
+            out.append(c._replace(order=order, lost_gpu_s=lost, shrink=option))
+        out.sort(key=lambda c: c.order)
+        return out
+
+    def _cheapest(self, job: Job, candidates: list[Candidate], scope: _Scope) -> VictimPlan | None:
         ledger = self.ledger
         return cheapest_set(
             job,
@@ -306,7 +390,16 @@ class VictimSearch:
                     else "beyond_limit"
                 )
                 price = self._price(rj)
-                found.append(Candidate(price.order, rj, price.lost_gpu_s, price.grace_s, kind))
+                found.append(
+                    Candidate(
+                        price.order,
+                        rj,
+                        price.lost_gpu_s,
+                        price.grace_s,
+                        kind,
+                        shrinking_to=price.shrinking_to,
+                    )
+                )
         found.sort(key=lambda c: c.order)
         return found
 
@@ -317,12 +410,18 @@ class VictimSearch:
             vjob = rj.job
             grace = victim_grace_s(vjob, self.policy, self.settings)
             lost = lost_gpu_seconds(rj, self.now, grace, self.settings)
+            # A job whose shrink is under way may still be evicted (never shrunk again): work
+            # within nominal quota must not wait for that save before it may reclaim. It loses
+            # what an eviction of all it holds loses and frees what the shrink keeps.
+            shrinking = self.state.shrinking.get(vjob.id)
+            to = None if shrinking is None else shrinking[0]
             order: tuple[float | str, ...]
             if self.policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST:
                 order = (vjob.tier.rank, -rj.started_at, vjob.id)
             else:
-                order = (lost / max(vjob.request.gpus, 1), lost, -rj.started_at, vjob.id)
-            price = self._prices[vjob.id] = Price(order, lost, grace)
+                freed = rj.size if to is None else to
+                order = (lost / max(freed, 1), lost, -rj.started_at, vjob.id)
+            price = self._prices[vjob.id] = Price(order, lost, grace, to)
         return price
 
 

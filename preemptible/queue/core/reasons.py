@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from preemptible.queue.core.model import Job, Queue
+from preemptible.queue.core.model import GrowPrice, Job, Queue
 from preemptible.queue.core.placement import Placement
 from preemptible.queue.core.quota import QuotaVerdict, describe_limit, gpus
 
@@ -177,4 +177,88 @@ def waits_to_reclaim(seconds: float, victims: Iterable[str]) -> str:
     return (
         f"pending: no free capacity; waits up to {seconds:.0f}s for some to free "
         f"before reclaiming what {', '.join(victims)} borrowed"
+    )
+
+
+def admitted_smaller(job: Job, gpus: int, admitted_reason: str) -> str:
+    """An elastic job admitted below its full size: "admitted at 4 of 8 GPUs (min 2): ..."."""
+    _, _, why = admitted_reason.partition(": ")
+    return (
+        f"admitted at {gpus} of {job.request.gpus} GPUs (min {job.min_gpus}): "
+        f"{why or admitted_reason}; its full size does not fit now, it grows when GPUs free"
+    )
+
+
+def shrunk(
+    victim: Job,
+    size: int,
+    gpus_after: int,
+    kind: str,
+    preemptor: Job,
+    *,
+    lost_gpu_s: float,
+    plan_lost_gpu_s: float,
+    evict_lost_gpu_s: float | None,
+    by_priority: bool,
+) -> str:
+    """Why `victim` shrinks from `size` to `gpus_after` GPUs for `preemptor`."""
+    why = preempted(victim, kind, preemptor, min_runtime=False, lost_gpu_s=lost_gpu_s)
+    why = why.removeprefix("preempted: ").partition("; expected loss")[0]
+    cost = (
+        f"shrinking loses {lost_gpu_s:.0f} GPU-s ({size} GPUs x save + {gpus_after} GPUs x "
+        "restore; it keeps its progress)"
+    )
+    if by_priority:
+        choice = "shrinks the lowest-priority elastic jobs first, whatever it costs"
+        if evict_lost_gpu_s is not None:
+            choice += f" (evicting instead would lose {evict_lost_gpu_s:.0f} GPU-s)"
+    elif evict_lost_gpu_s is None:
+        choice = "no eviction alone would make room"
+    else:
+        choice = (
+            f"chosen over evicting, which would lose {evict_lost_gpu_s:.0f} GPU-s against "
+            f"{plan_lost_gpu_s:.0f} GPU-s for this plan"
+        )
+    return (
+        f"resized: shrinks from {size} to {gpus_after} GPUs (min {victim.min_gpus}) instead of "
+        f"being evicted: {why}; {cost}; {choice}"
+    )
+
+
+def evicted_over_shrink(reason: str, shrink_lost_gpu_s: float, plan_lost_gpu_s: float) -> str:
+    """A preemption chosen although shrinking elastic jobs could have made room."""
+    return (
+        f"{reason}; evicting loses {plan_lost_gpu_s:.0f} GPU-s in all, shrinking elastic jobs "
+        f"instead would lose {shrink_lost_gpu_s:.0f} GPU-s"
+    )
+
+
+def evicted_while_shrinking(reason: str, gpus_after: int) -> str:
+    """A preemption of a job whose shrink was under way: the notice replaces the resize."""
+    return f"{reason}; replaces its shrink to {gpus_after} GPUs, which was saving"
+
+
+def making_room(evicted: Iterable[str], shrunk: Iterable[str]) -> str:
+    """The preemptor's reason when its plan shrinks some jobs."""
+    parts = []
+    if evicted := list(evicted):
+        parts.append(f"preempting {', '.join(evicted)}")
+    parts.append(f"shrinking {', '.join(shrunk)}")
+    return f"pending: {' and '.join(parts)} to make room; starts when they have saved"
+
+
+def grown(job: Job, size: int, gpus_after: int, price: GrowPrice, *, by_priority: bool) -> str:
+    """Why an elastic job grows; `by_priority`: whenever GPUs idle, whatever it costs."""
+    head = f"resized: grows from {size} to {gpus_after} of {job.request.gpus} GPUs on idle GPUs"
+    if by_priority:
+        return f"{head} no pending job can use; resizing loses {price.resize_gpu_s:.0f} GPU-s"
+    idle = (
+        "no pending job is expected to want"
+        if price.idle_s == float("inf")
+        else (f"no pending job is expected to want for {price.idle_s / 3600:.1f} h")
+    )
+    back = f" and {price.back_gpu_s:.0f} GPU-s for being shrunk back" if price.back_gpu_s else ""
+    return (
+        f"{head} {idle}: it gains {price.gained_gpu_s:.0f} GPU-s, at least {price.payback:g} x "
+        f"the {price.resize_gpu_s:.0f} GPU-s the resize loses{back}"
     )

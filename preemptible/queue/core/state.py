@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from preemptible.errors import ConfigError
-from preemptible.queue.core.model import Cluster, Job, Queue, RunningJob, SearchKey
+from preemptible.queue.core import elastic
+from preemptible.queue.core.model import Cluster, Job, Queue, Resources, RunningJob, SearchKey
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.resources import Amounts
 
@@ -101,6 +102,9 @@ class ClusterState:
         """Nominated jobs that are moving (`Preempt.restart_on`): held from notice to restart."""
         self.preemption_backoff: dict[SearchKey, float] = {}
         """No victim search for this kind of job before this time (a recent one failed)."""
+        self.shrinking: dict[str, tuple[int, Resources, Placement]] = {}
+        """Running job id -> (size after, what it gives up, on which nodes) of a shrink sent
+        and not yet completed (`begin_shrink`)."""
 
     # --- pending ------------------------------------------------------------------------------
 
@@ -174,7 +178,7 @@ class ClusterState:
         job = running.job
         self.running[job.id] = running
         self.running_by_queue[job.queue][job.id] = running
-        r = job.request
+        r = running.held
         self.alloc[job.queue].add(r)
         self.used.add(r)
         if not running.terminating:
@@ -182,7 +186,7 @@ class ClusterState:
             if running.loan_for is not None:
                 self.loans.setdefault(running.loan_for, set()).add(job.id)
         else:
-            self._leave(job, +1)
+            self._leave(job.queue, r, +1)
             self._leave_nodes(running.placement, +1)
         if self.pool is not None:
             self.pool.take(running.placement)
@@ -205,22 +209,24 @@ class ClusterState:
         running = self.running[job_id]
         if running.terminating:
             return
+        self._end_shrink(job_id)
         updated = dataclasses.replace(running, terminating=True)
         self.running[job_id] = updated
         self.running_by_queue[running.job.queue][job_id] = updated
-        self.tier_gpus[running.job.tier.rank] -= running.job.request.gpus
+        self.tier_gpus[running.job.tier.rank] -= running.size
         if running.loan_for is not None:
             self._unlend(running.loan_for, job_id)
-        self._leave(running.job, +1)
+        self._leave(running.job.queue, running.held, +1)
         self._leave_nodes(running.placement, +1)
         self._move_end(job_id, expected_end)
 
     def finish(self, job_id: str) -> RunningJob:
         """Release a running job's resources (completed, preempted or failed)."""
+        self._end_shrink(job_id)
         running = self.running.pop(job_id)
         job = running.job
         del self.running_by_queue[job.queue][job_id]
-        r = job.request
+        r = running.held
         self.alloc[job.queue].add(r, -1)
         self.used.add(r, -1)
         if not running.terminating:
@@ -228,7 +234,7 @@ class ClusterState:
             if running.loan_for is not None:
                 self._unlend(running.loan_for, job_id)
         else:
-            self._leave(job, -1)
+            self._leave(job.queue, r, -1)
             self._leave_nodes(running.placement, -1)
         if self.pool is not None:
             self.pool.give(running.placement)
@@ -246,8 +252,71 @@ class ClusterState:
             if not lent:
                 del self.loans[to]
 
-    def _leave(self, job: Job, sign: int) -> None:
-        self.leaving[job.queue].add(job.request, sign)
+    def _leave(self, queue: str, amount: Resources, sign: int) -> None:
+        self.leaving[queue].add(amount, sign)
+
+    # --- elastic jobs -------------------------------------------------------------------------
+
+    def begin_shrink(self, job_id: str, gpus: int, *, at: float) -> None:
+        """A shrink was sent (`Resize`): until the job has saved it holds all its GPUs, but
+        what it gives up counts as leaving (as a victim's GPUs do) and is no longer a
+        candidate; `finish_resize` completes it."""
+        running = self.running[job_id]
+        if running.terminating or job_id in self.shrinking:
+            return
+        job = dataclasses.replace(running.job, last_resized_at=at)
+        self._replace_running(dataclasses.replace(running, job=job))
+        gone = running.held - job.at_size(gpus)
+        self.shrinking[job_id] = (gpus, gone, elastic.released(running, gpus))
+        self.tier_gpus[job.tier.rank] -= gone.gpus
+        self._leave(job.queue, gone, +1)
+        self._leave_nodes(self.shrinking[job_id][2], +1)
+
+    def _end_shrink(self, job_id: str) -> None:
+        """Undo `begin_shrink`'s bookkeeping (the shrink completed, or the job left first)."""
+        entry = self.shrinking.pop(job_id, None)
+        if entry is None:
+            return
+        _, gone, nodes = entry
+        running = self.running[job_id]
+        self.tier_gpus[running.job.tier.rank] += gone.gpus
+        self._leave(running.job.queue, gone, -1)
+        self._leave_nodes(nodes, -1)
+
+    def finish_resize(
+        self, job_id: str, gpus: int, *, at: float, placement: Placement | None = None
+    ) -> RunningJob:
+        """The job now holds `gpus` GPUs (on `placement` with nodes): a shrink has saved, or a
+        grow was sent (it holds its new GPUs from then). Its progress was saved `at`."""
+        self._end_shrink(job_id)
+        running = self.running[job_id]
+        if running.terminating:
+            return running
+        job = dataclasses.replace(running.job, last_resized_at=at)
+        if placement is None:
+            placement = elastic.kept(running, gpus) if gpus < running.size else running.placement
+        resized = dataclasses.replace(
+            running,
+            job=job,
+            gpus=None if gpus == job.request.gpus else gpus,
+            placement=placement,
+            last_checkpoint_at=at,
+        )
+        before, after = running.held, resized.held
+        self.alloc[job.queue].add(before, -1)
+        self.alloc[job.queue].add(after)
+        self.used.add(before, -1)
+        self.used.add(after)
+        self.tier_gpus[job.tier.rank] += after.gpus - before.gpus
+        if self.pool is not None:
+            self.pool.give(running.placement)
+            self.pool.take(placement)
+            for node, _ in running.placement:
+                self.node_jobs[node].discard(job_id)
+            for node, _ in placement:
+                self.node_jobs[node].add(job_id)
+        self._replace_running(resized)
+        return resized
 
     def _leave_nodes(self, placement: Placement, sign: int) -> None:
         leaving = self.node_leaving
@@ -339,11 +408,11 @@ def build_snapshot(
     for job in pending:
         state.submit(job)
     for rj in running:
-        if state.pool is not None and not rj.placement and rj.job.request.gpus:
-            where = state.pool.find(rj.job.request.gpus)
+        if state.pool is not None and not rj.placement and rj.size:
+            where = state.pool.find(rj.size)
             if where is None:
                 raise ConfigError(
-                    f"running job {rj.job.id!r} ({rj.job.request.gpus} GPUs) does not fit on "
+                    f"running job {rj.job.id!r} ({rj.size} GPUs) does not fit on "
                     "the nodes beside the others; give its placement or fewer running jobs"
                 )
             rj = dataclasses.replace(rj, placement=where)

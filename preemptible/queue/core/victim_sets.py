@@ -20,14 +20,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
 
-from preemptible.queue.core.model import Job, Queue, RunningJob, VictimKind
+from preemptible.queue.core.elastic import ShrinkOption, kept, released
+from preemptible.queue.core.model import Job, Queue, Resources, RunningJob, VictimKind
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.quota import QuotaVerdict, check_quota
 from preemptible.queue.core.resources import TOLERANCE, Amounts, HasAmounts, values
 
 
 class Candidate(NamedTuple):
-    """A running job that may be preempted for the blocked job, with its price."""
+    """A running job that may be preempted (or shrunk) for the blocked job, with its price."""
 
     order: tuple[float | str, ...]
     """Sort key: candidates are tried in this order (cheapest first, for ours)."""
@@ -37,6 +38,45 @@ class Candidate(NamedTuple):
     grace_s: float
     """The grace it would get."""
     kind: VictimKind
+    shrink: ShrinkOption | None = None
+    """Shrink it to `shrink.gpus_after` instead of evicting it (`elastic.py`); None: evict."""
+    shrinking_to: int | None = None
+    """A shrink to this size is under way (`ClusterState.shrinking`): it may only be evicted.
+    What the shrink gives up is leaving already, for the job it was shrunk for; that job
+    keeps it unless this eviction takes it back (`_TAKEN_BACK`)."""
+
+    def frees(self) -> Resources:
+        """What it gives up for the blocked job: all it holds, what a shrink takes, or (a
+        shrink under way) what that shrink keeps, or all it holds when taken back."""
+        if self.shrinking_to is not None and self.kind not in _TAKEN_BACK:
+            return self.running.job.at_size(self.shrinking_to)
+        if self.shrink is None:
+            return self.running.held
+        return self.running.held - self.running.job.at_size(self.shrink.gpus_after)
+
+    def frees_on(self) -> Placement:
+        """The (node, GPUs) it gives up for the blocked job (`frees`)."""
+        if self.shrinking_to is not None and self.kind not in _TAKEN_BACK:
+            return kept(self.running, self.shrinking_to)
+        if self.shrink is None:
+            return self.running.placement
+        return released(self.running, self.shrink.gpus_after)
+
+    def leaves(self) -> Resources:
+        """What its notice adds to its queue's leaving capacity: what it frees, less what a
+        shrink under way counts as leaving already."""
+        if self.shrinking_to is not None:
+            return self.running.job.at_size(self.shrinking_to)
+        return self.frees()
+
+    def larger_shrink(self) -> Candidate | None:
+        """The same shrink, giving up fewer GPUs; None when it is not a shrink or cannot."""
+        if self.shrink is None:
+            return None
+        bigger = self.shrink.larger()
+        if bigger is None or bigger.gpus_after >= self.running.size:
+            return None
+        return self._replace(shrink=bigger, lost_gpu_s=bigger.lost_gpu_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,6 +88,19 @@ class Victim:
     grace_s: float
     kind: VictimKind
     """Why it may be preempted: "reclaim", "tier", "loan" or "beyond_limit"."""
+    gpus_after: int | None = None
+    """Shrink it to this many GPUs instead of evicting it; None: evict."""
+    shrinking_to: int | None = None
+    """It is evicted while a shrink to this size is under way (`Candidate.shrinking_to`)."""
+
+    def leaves(self) -> Resources:
+        """What its notice adds to its queue's leaving capacity (`Candidate.leaves`)."""
+        held = self.running.held
+        if self.shrinking_to is not None:
+            return self.running.job.at_size(self.shrinking_to)
+        if self.gpus_after is None:
+            return held
+        return held - self.running.job.at_size(self.gpus_after)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,7 +109,29 @@ class VictimPlan:
 
     victims: tuple[Victim, ...]
     placement: Placement | None
+    evict_lost_gpu_s: float | None = None
+    """When shrinks were weighed: what the cheapest plan of evictions alone would lose (None
+    when there is none)."""
+    shrink_lost_gpu_s: float | None = None
+    """When shrinks were weighed: what the cheapest plan with shrinks would lose (None when
+    there is none)."""
 
+    @property
+    def lost_gpu_s(self) -> float:
+        """What the plan loses in all."""
+        return sum(v.lost_gpu_s for v in self.victims)
+
+    @property
+    def shrinks(self) -> bool:
+        """Whether it shrinks any job."""
+        return any(v.gpus_after is not None for v in self.victims)
+
+
+_TAKEN_BACK = frozenset({"reclaim", "beyond_limit"})
+"""Kinds of victim whose shrink under way counts wholly for the blocked job: what the shrink
+gives up was borrowed too, and the job it was given up to would borrow it, so it yields it to
+the reclaim (`cycle.py`'s nominees take their turn in the walk while work within nominal quota
+of another queue waits)."""
 
 QuotaCheck = Callable[[Amounts], bool]
 """Whether the blocked job's queue may take it once its own victims free this much."""
@@ -111,7 +186,14 @@ def cheapest_set(
     if chosen is None:
         return None
     victims = tuple(
-        Victim(running=c.running, lost_gpu_s=c.lost_gpu_s, grace_s=c.grace_s, kind=c.kind)
+        Victim(
+            running=c.running,
+            lost_gpu_s=c.lost_gpu_s,
+            grace_s=c.grace_s,
+            kind=c.kind,
+            gpus_after=None if c.shrink is None else c.shrink.gpus_after,
+            shrinking_to=c.shrinking_to,
+        )
         for c in chosen
     )
     return VictimPlan(victims=victims, placement=placement)
@@ -143,7 +225,7 @@ class _Borrowed:
         if self.straddle:
             ok = any(u < r - TOLERANCE for u, r in zip(used, room, strict=True))
         else:
-            asked = values(c.running.job.request)
+            asked = values(c.leaves())
             ok = all(
                 u + a <= r + TOLERANCE
                 for u, a, r in zip(used, asked, room, strict=True)
@@ -154,9 +236,9 @@ class _Borrowed:
 
 
 def _tally(taken: dict[str, Amounts], c: Candidate, sign: int) -> None:
-    """Add (sign 1) or remove (-1) `c` from what victims take per queue."""
-    job = c.running.job
-    taken.setdefault(job.queue, Amounts(0.0, 0.0, 0.0)).add(job.request, sign)
+    """Add (sign 1) or remove (-1) `c` from what victims take per queue (what it borrows is
+    judged without what is leaving already, `Candidate.leaves`)."""
+    taken.setdefault(c.running.job.queue, Amounts(0.0, 0.0, 0.0)).add(c.leaves(), sign)
 
 
 def _all_allowed(
@@ -188,10 +270,10 @@ class _Freed:
         """Per victim queue, what its chosen jobs take."""
 
     def add(self, c: Candidate, sign: int = 1) -> None:
-        job = c.running.job
-        self.all.add(job.request, sign)
-        if job.queue == self.own_queue:
-            self.own.add(job.request, sign)
+        frees = c.frees()
+        self.all.add(frees, sign)
+        if c.running.job.queue == self.own_queue:
+            self.own.add(frees, sign)
         _tally(self.taken, c, sign)
 
 
@@ -217,7 +299,7 @@ def _greedy(
     def account(c: Candidate, sign: int) -> None:
         freed.add(c, sign)
         if test is not None:
-            (test.give if sign > 0 else test.take)(c.running.placement)
+            (test.give if sign > 0 else test.take)(c.frees_on())
 
     for c in candidates:
         if not guard.allows(c, freed.taken):
@@ -234,6 +316,7 @@ def _greedy(
             chosen.remove(c)
         else:
             account(c, +1)
+    _take_less(chosen, account, fits)
     placement = test.find(req.gpus) if test is not None else None
     return chosen, placement
 
@@ -258,6 +341,24 @@ class _NodeRoom(_Freed):
             self.chosen.append(c)
         else:
             self.chosen.remove(c)
+
+
+def _take_less(
+    chosen: list[Candidate],
+    account: Callable[[Candidate, int], None],
+    fits: Callable[[], bool],
+) -> None:
+    """Shrink each chosen elastic job by no more than the fit needs, a size at a time."""
+    for i, c in enumerate(chosen):
+        while (bigger := c.larger_shrink()) is not None:
+            account(c, -1)
+            account(bigger, +1)
+            if fits():
+                chosen[i] = c = bigger
+            else:
+                account(bigger, -1)
+                account(c, +1)
+                break
 
 
 def _per_node(
@@ -288,7 +389,7 @@ def _per_node(
         return n.room >= gpus and _fits(free, n.all, req) and quota_ok(n.own)
 
     for c in candidates:
-        for node, g in c.running.placement:
+        for node, g in c.frees_on():
             if node in done:
                 continue
             acc = nodes.get(node)
@@ -301,6 +402,7 @@ def _per_node(
                 continue
             done.add(node)
             _drop_unneeded(acc, node, fits)
+            _shrink_less_on(acc, node, fits)
             if best is None or (acc.cost, node) < (best[0], best[1]):
                 best = (acc.cost, node, list(acc.chosen))
         if len(done) >= enough_nodes:
@@ -310,10 +412,20 @@ def _per_node(
     return best[2], ((best[1], gpus),)
 
 
+def _shrink_less_on(acc: _NodeRoom, node: int, fits: Callable[[_NodeRoom], bool]) -> None:
+    """Shrink each chosen elastic job on `node` by no more than the fit there needs."""
+
+    def account(c: Candidate, sign: int) -> None:
+        acc.gather(c, sum(h for n, h in c.frees_on() if n == node), sign)
+
+    chosen = list(acc.chosen)
+    _take_less(chosen, account, lambda: fits(acc))
+
+
 def _drop_unneeded(acc: _NodeRoom, node: int, fits: Callable[[_NodeRoom], bool]) -> None:
     """Drop, newest first, each victim on `node` without which the job still fits."""
     for victim in reversed(acc.chosen[:-1]):
-        here = sum(h for n, h in victim.running.placement if n == node)
+        here = sum(h for n, h in victim.frees_on() if n == node)
         acc.gather(victim, here, -1)
         if not fits(acc):
             acc.gather(victim, here, +1)
@@ -372,7 +484,7 @@ def _clearable_nodes(
 ) -> list[tuple[float, int, list[Candidate]]]:
     """(price, node, victims) of every node that is empty or whose every job is a candidate."""
     per = pool.gpus_per_node
-    by_id = {c.running.job.id: c for c in candidates}
+    by_id = {c.running.job.id: c for c in candidates if c.shrink is None}
     priced: list[tuple[float, int, list[Candidate]]] = []
     for node, free_gpus in enumerate(pool.free):
         if free_gpus == per:
@@ -385,7 +497,7 @@ def _clearable_nodes(
                 break
             cands.append(c)
         else:
-            held = sum(g for c in cands for n, g in c.running.placement if n == node)
+            held = sum(g for c in cands for n, g in c.frees_on() if n == node)
             if free_gpus + held == per:
                 # In price order: a node's jobs are a set, whose order changes with the hash
                 # seed, and the victims' order decides what a straddling quota allows.

@@ -332,6 +332,14 @@ def _kueue_notes(config: QueueConfig) -> list[str]:
             "them in resources.excludeResourcePrefixes of Kueue's Configuration, or Kueue "
             "will not admit pods that request them."
         )
+    notes.append(
+        "- Elastic ranges (min_gpus, gpus_multiple) and shrinking a job instead of evicting "
+        "it: with v1beta1 (Kueue before v0.18) they cannot be expressed, and every job runs "
+        "at its full size. Kueue's elastic jobs (workload slices, beta since v0.18 behind a "
+        "feature gate, API v1beta2) let a job's owner scale it within the quota, but Kueue "
+        "still evicts whole workloads to make room, by priority, and never weighs a shrink "
+        "against an eviction; the range is not written into these objects."
+    )
     notes += [
         "- Tokens and [service]: Kubernetes RBAC decides who may use each LocalQueue.",
         "",

@@ -57,6 +57,9 @@ def slurm_conf(config: QueueConfig) -> str:
         "min_runtime. The cooldown, the "
         f"per-queue preemption budget and the {dur(pre.tier_patience_s)} a higher tier waits "
         "before it preempts: none.",
+        "- Elastic ranges (min_gpus, gpus_multiple): SLURM has no shrink or grow in place "
+        "for a running job step, so a job is submitted at its full size and preempted whole; "
+        "shrinking instead of evicting, and growing back, are not available.",
         "- Nominal quotas and reclaim: SLURM guarantees no share; each queue's account is "
         "capped at nominal + borrowing limit (sacctmgr.sh) and fair share orders the rest. "
         "A cap is hard: nothing is lent beyond it, however idle the GPUs (beyond_limit).",

@@ -18,7 +18,7 @@ them waiting at once ([service]), and is answered 429 beyond.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
@@ -136,6 +136,8 @@ class SubmitBody(_Request):
     name: Annotated[str, StringConstraints(max_length=200, pattern=_NO_NUL)] | None = None
     env: Env = Field(default_factory=dict)
     cwd: Directory | None = None
+    min_gpus: Annotated[int, Field(ge=1, le=1024), _NUMBER] | None = None
+    gpus_multiple: Annotated[int, Field(ge=1, le=1024), _NUMBER] = 1
 
     def to_view(self) -> SubmitRequest:
         return SubmitRequest(**self.model_dump())
@@ -166,6 +168,10 @@ class CheckpointedBody(_Request):
 
     step: Annotated[int, Field(ge=0, le=MAX_INT), _NUMBER]
     at: Annotated[float, Field(ge=0), _NUMBER] | None = None
+    kind: Literal["preempt", "resize"] | None = None
+    """The SDK says which notice it saved for (the manager knows already: it is not used)."""
+    gpus: Annotated[int, Field(ge=1, le=1024), _NUMBER] | None = None
+    """With `kind` "resize": the size it restarts at, as the notice said."""
 
 
 # --- models: answers ----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from preemptible.errors import (
     AccessDeniedError,
     ConfigError,
     JobNotFoundError,
+    JobSpecError,
     JobStateError,
     RequestError,
     StateStoreError,
@@ -187,6 +188,7 @@ def install_error_handlers(app: FastAPI) -> None:
         (AccessDeniedError, 403),
         (JobNotFoundError, 404),
         (JobStateError, 409),
+        (JobSpecError, 422),  # before its base class, RequestError
         (RequestError, 400),
         (ConfigError, 400),  # a request naming what the configuration lacks (a queue...)
         (StateStoreError, 503),  # the disk's fault, not the request's: it may be sent again

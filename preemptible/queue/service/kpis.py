@@ -2,7 +2,8 @@
 
 Per queue and overall: p95 queue wait (jobs still pending count with their wait so far),
 utilisation (GPU-seconds admitted over GPU-seconds available), goodput (the same less the
-GPU-seconds lost to preemption), preemptions per hour with the lost GPU-seconds per preemption,
+GPU-seconds lost to preemption and to resizes), preemptions per hour with the lost GPU-seconds
+per preemption, the resizes of elastic jobs (shrinks and grows, counted apart from preemptions),
 and the longest wait of the least-served queue. The window is the last `window_s`, or the time
 since the first submission when that is shorter.
 """
@@ -37,23 +38,27 @@ def _signals(records: Sequence[JobRecord], *, gpus: int, now: float, span: float
     waits = [w for r in records for at, w in r.waits if at >= since]
     waits += [now - r.pending_since for r in records if r.state == JobState.PENDING]
     admitted = sum(
-        r.gpus * max(0.0, min(now if end < 0 else end, now) - max(start, since))
+        (run[2] if len(run) > 2 else r.gpus)
+        * max(0.0, min(now if run[1] < 0 else run[1], now) - max(run[0], since))
         for r in records
-        for start, end in r.runs
+        for run in r.runs
     )
     losses = [lost for r in records for at, lost in r.losses if at >= since]
     lost = sum(losses)
+    resizes = [lost for r in records for at, lost in r.resize_losses if at >= since]
     available = max(gpus * span, 1e-9)
     return SignalsView(
         p95_wait_s=_p95(waits),
         max_wait_s=max(waits, default=0.0),
         utilization=admitted / available,
-        goodput=max(0.0, admitted - lost) / available,
+        goodput=max(0.0, admitted - lost - sum(resizes)) / available,
         preemptions=len(losses),
         preemptions_per_hour=len(losses) / (span / 3600.0),
         lost_gpu_s=lost,
         lost_gpu_s_per_preemption=lost / len(losses) if losses else 0.0,
         jobs=len(records),
+        resizes=len(resizes),
+        resize_lost_gpu_s=sum(resizes),
     )
 
 

@@ -31,14 +31,23 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from preemptible.errors import JobNotFoundError, JobStateError, RequestError
+from preemptible.errors import (
+    ConfigError,
+    JobNotFoundError,
+    JobSpecError,
+    JobStateError,
+    RequestError,
+)
 from preemptible.queue.core import (
     POLICIES,
+    Job,
     Policy,
     QueueConfig,
+    Resources,
     Tier,
 )
 from preemptible.queue.core.fair_share import dominant_share, fair_share_value, weight_fractions
+from preemptible.queue.core.model import check_elastic_range
 from preemptible.queue.core.negotiation import (
     Negotiated,
     grace_seconds,
@@ -209,6 +218,11 @@ class QueueManager:
         leaving (its GPUs go on the moment it is gone), else `poll_s`."""
         return HAND_ON_POLL_S if self.runs.leaving_after_ack() else self.poll_s
 
+    def _smaller_than_asked(self) -> bool:
+        """Whether an elastic job runs below its request: a cycle may grow it."""
+        running = self.shell.state.running.values()
+        return any(r.gpus is not None and r.gpus < r.job.request.gpus for r in running)
+
     def step(self) -> None:
         """Poll the runs, then run a cycle if anything changed or a second has passed."""
         with self.lock:
@@ -220,7 +234,8 @@ class QueueManager:
                 self._cycle(now)
 
     def _cycle(self, now: float) -> None:
-        if not self.shell.state.pending and not self.shell.state.nominated:
+        state = self.shell.state
+        if not state.pending and not state.nominated and not self._smaller_than_asked():
             return
         started = time.perf_counter()
         results = self.shell.cycles(now, self.runs)
@@ -268,6 +283,8 @@ class QueueManager:
             command=list(req.command),
             env=dict(req.env),
             cwd=req.cwd,
+            min_gpus=req.min_gpus,
+            gpus_multiple=req.gpus_multiple,
             submitted_at=now,
             pending_since=now,
         )
@@ -311,6 +328,24 @@ class QueueManager:
             raise RequestError(str(exc)) from None
         if req.cwd is not None and not Path(req.cwd).is_dir():
             raise RequestError(f"cwd {req.cwd!r} is not a directory on this machine")
+        self._check_range(req)
+
+    def _check_range(self, req: SubmitRequest) -> None:
+        """An elastic job's range (`min_gpus`..`gpus` on `gpus_multiple`) must make sense and
+        fit the machine: else 422, with what to change."""
+        if req.min_gpus is None and req.gpus_multiple == 1:
+            return
+        job = Job(
+            id="the job",
+            queue=req.queue,
+            request=Resources(gpus=req.gpus, cpus=req.cpus, memory_gb=req.memory_gb),
+            min_gpus=req.min_gpus,
+            gpus_multiple=req.gpus_multiple,
+        )
+        try:
+            check_elastic_range(job, self.config.cluster)
+        except ConfigError as exc:
+            raise JobSpecError(str(exc).removeprefix("job 'the job': ")) from None
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -535,8 +570,13 @@ class QueueManager:
             while True:
                 notice = self.book.get(job_id).notice
                 if notice is not None:
+                    resize = notice.kind == "resize" and notice.gpu_ids is not None
                     return NoticeView(
-                        reason=notice.reason, grace_s=notice.grace_s, deadline=notice.deadline
+                        reason=notice.reason,
+                        grace_s=notice.grace_s,
+                        deadline=notice.deadline,
+                        kind=notice.kind,
+                        gpus=len(notice.gpu_ids) if resize and notice.gpu_ids else None,
                     )
                 left = deadline - time.monotonic()
                 if left <= 0 or self._stopping:
@@ -619,6 +659,7 @@ class QueueManager:
                 "queue_depth": {q.name: depth.get(q.name, 0) for q in self.config.queues},
                 "admissions": dict(self.runs.admissions),
                 "preemptions": dict(self.runs.preemption_counts),
+                "resizes": dict(self.runs.resize_counts),
                 "cycle_seconds": list(self.cycle_seconds),
                 "cycle_histogram": self.cycle_histogram.snapshot(),
                 "cycles": self.cycles_run,

@@ -63,6 +63,12 @@ _SIGNALS = (
         "GPU-seconds lost per preemption over the window",
     ),
     ("jobs", "window_jobs", "Jobs counted in the window"),
+    ("resizes", "window_resizes", "Shrinks and grows of elastic jobs over the window"),
+    (
+        "resize_lost_gpu_s",
+        "resize_lost_gpu_seconds",
+        "GPU-seconds the saves and restarts of resizes cost over the window",
+    ),
 )
 
 
@@ -109,7 +115,8 @@ class ManagerCollector:
     """Builds the manager's metric families at each scrape from `metrics_snapshot()`.
 
     The snapshot holds `queue_depth` {queue: n}, `admissions` {queue: n} (since start),
-    `preemptions` {(queue, reason_kind): n} (since start), `cycle_seconds` (recent cycle
+    `preemptions` {(queue, reason_kind): n} and `resizes` {(queue, "shrink" or "grow"): n}
+    (since start), `cycle_seconds` (recent cycle
     durations), `cycle_histogram` (a `HistogramCounts` since start) and `signals` (a
     `StatsView`). A missing key exports nothing for it.
     """
@@ -140,6 +147,15 @@ class ManagerCollector:
             queue, reason = key if isinstance(key, tuple) else (key, "unknown")
             preemptions.add_metric([str(queue), str(reason)], float(n))
         yield preemptions
+        resizes = CounterMetricFamily(
+            f"{PREFIX}_resizes",
+            "Elastic jobs shrunk or grown since the manager started (not preemptions)",
+            labels=["queue", "kind"],
+        )
+        for key, n in sorted(_mapping(snapshot.get("resizes")).items(), key=str):
+            queue, kind = key if isinstance(key, tuple) else (key, "unknown")
+            resizes.add_metric([str(queue), str(kind)], float(n))
+        yield resizes
         yield from _cycle_metrics(snapshot.get("cycle_seconds"))
         histogram = snapshot.get("cycle_histogram")
         if isinstance(histogram, HistogramCounts):

@@ -34,6 +34,12 @@ class SentNotice:
     """When SIGTERM was sent; None while only decided (a restarted manager then sends it)."""
     killed_at: float | None = None
     """When the manager sent SIGKILL (the deadline passed, or the ack's exit window)."""
+    kind: str = "preempt"
+    """"preempt" (requeued, or cancelled) or "resize" (restarted at once on `gpu_ids`)."""
+    gpu_ids: list[int] | None = None
+    """A resize's GPUs for the restart (a grow holds the new ones from the notice on)."""
+    resize_kind: str | None = None
+    """"shrink" or "grow", for a resize."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -83,11 +89,20 @@ class JobRecord:
     cancelled_by: Principal | None = None
     """Who asked for the cancel, named in the 'cancelled' event once the job has exited."""
     runs: list[list[float]] = field(default_factory=list)
-    """[start, end] of every attempt (end = -1 while it runs)."""
+    """[start, end, GPUs] of every attempt (end = -1 while it runs; records written before
+    elastic jobs have no GPUs: the request's)."""
     waits: list[list[float]] = field(default_factory=list)
     """[time it started, seconds it waited before] of every attempt."""
     losses: list[list[float]] = field(default_factory=list)
     """[time, GPU-seconds lost] of every preemption."""
+    resize_losses: list[list[float]] = field(default_factory=list)
+    """[time, GPU-seconds lost] of every resize (its save and restart), apart from `losses`."""
+    min_gpus: int | None = None
+    """An elastic job's smallest size (None: rigid)."""
+    gpus_multiple: int = 1
+    last_resized_at: float | None = None
+    resizes: int = 0
+    """Shrinks and grows so far (not preemptions)."""
 
     @property
     def reported_cost(self) -> bool:
@@ -139,7 +154,16 @@ class JobRecord:
             checkpoint_on_notice=self.reported_cost,
             last_preempted_at=self.last_preempted_at,
             preemptions=self.preemptions,
+            min_gpus=self.min_gpus,
+            gpus_multiple=self.gpus_multiple,
+            last_resized_at=self.last_resized_at,
         )
+
+    @property
+    def size(self) -> int:
+        """GPUs of the current attempt: fewer than `gpus` for an elastic job running smaller
+        (its request while it holds none)."""
+        return len(self.gpu_ids) if self.gpu_ids else self.gpus
 
     def view(self) -> JobView:
         """The job as the API shows it (a copy: the record may change after)."""
@@ -177,4 +201,7 @@ class JobRecord:
             cost=cost,
             command=list(self.command),
             gpu_ids=list(self.gpu_ids),
+            min_gpus=self.min_gpus,
+            gpus_multiple=self.gpus_multiple,
+            resizes=self.resizes,
         )

@@ -30,9 +30,9 @@ def recover(book: JobBook, runs: JobRuns, now: float) -> None:
         runs.preempted_at[queue].append(at)
     runs.shell.restore_usage(
         (
-            (record.core_job(), start, None if end < 0 else end)
+            (record.core_job(), run[0], None if run[1] < 0 else run[1])
             for record in book.jobs.values()
-            for start, end in record.runs
+            for run in record.runs
         ),
         now,
     )
@@ -52,14 +52,7 @@ def _readopt(book: JobBook, runs: JobRuns, record: JobRecord, now: float) -> Non
             record.handle = handle
     if handle is not None and runs.executor.alive(handle):
         runs.executor.adopt(handle)
-        runs.free_gpus.difference_update(record.gpu_ids)
-        running = RunningJob(
-            job=record.core_job(),
-            started_at=record.started_at or now,
-            last_checkpoint_at=record.last_checkpoint_at,
-            terminating=record.state == JobState.PREEMPTING,
-        )
-        runs.shell.adopt(running, now)
+        _hold(runs, record, now, terminating=record.state == JobState.PREEMPTING)
         why = "still running: adopted again"
         notice = record.notice
         if notice is not None and notice.signalled_at is None and notice.killed_at is None:
@@ -80,9 +73,7 @@ def _readopt(book: JobBook, runs: JobRuns, record: JobRecord, now: float) -> Non
     if handle is not None and ended is None:
         _adopt_leftovers(book, runs, record, status_path, now)
         return
-    running = RunningJob(job=record.core_job(), started_at=record.started_at or now)
-    runs.shell.adopt(running, now)
-    runs.free_gpus.difference_update(record.gpu_ids)
+    _hold(runs, record, now, terminating=False)
     if ended is None or ended.how is not ExitKind.EXITED:
         # Gone without an exit status while nobody watched: it must run again.
         ended = Exit(exit_code=None, signal=None, ended_at=now, how=ExitKind.LOST)
@@ -101,7 +92,6 @@ def _adopt_leftovers(
 ) -> None:
     """The runner is gone but processes of the attempt are not: `poll` has sent them SIGKILL,
     and the job keeps its GPUs until they are gone, when the loop's poll reports its exit."""
-    runs.free_gpus.difference_update(record.gpu_ids)
     why = "its runner was gone but not all its processes: they are killed, then it ends"
     if record.notice is None and recorded_exit(status_path) is None:
         # Gone without an exit status while nobody watched: once its processes are gone too,
@@ -114,18 +104,34 @@ def _adopt_leftovers(
             signalled_at=now,
             killed_at=now,
         )
-    if record.notice is not None:
+    if record.notice is not None and record.notice.kind != "resize":
         record.state = JobState.PREEMPTING
+    _hold(runs, record, now, terminating=True)
+    with book.store.transaction() as db:
+        book.store.update_job(db, record.id, record.state, record.to_doc())
+        book.event(db, now, "recovered", record, why)
+
+
+def _hold(runs: JobRuns, record: JobRecord, now: float, *, terminating: bool) -> None:
+    """The job holds its GPUs again, at its current size: with those a grow took for its
+    restart, and a shrink under way still under way."""
+    notice = record.notice
+    resize = notice.resize_kind if notice is not None and notice.kind == "resize" else None
+    held = list(record.gpu_ids)
+    if resize == "grow" and notice is not None and notice.gpu_ids:
+        held = sorted(set(held) | set(notice.gpu_ids))
+    runs.free_gpus.difference_update(held)
+    size = len(held) or record.gpus
     running = RunningJob(
         job=record.core_job(),
         started_at=record.started_at or now,
         last_checkpoint_at=record.last_checkpoint_at,
-        terminating=True,
+        terminating=terminating,
+        gpus=None if size == record.gpus else size,
     )
     runs.shell.adopt(running, now)
-    with book.store.transaction() as db:
-        book.store.update_job(db, record.id, record.state, record.to_doc())
-        book.event(db, now, "recovered", record, why)
+    if resize == "shrink" and notice is not None and not terminating:
+        runs.shell.state.begin_shrink(record.id, len(notice.gpu_ids or ()), at=notice.sent_at)
 
 
 def _find_runner(status_path: Path) -> ProcessHandle | None:

@@ -4,7 +4,10 @@
 turns an admission into a process group on its GPUs and a notice into SIGTERM, then SIGKILL at
 the deadline (or soon after a job says it has saved). When a run ends it frees the GPUs and
 either requeues the job (it was told to go: the loss is charged, the terms renegotiated) or
-finishes it. Every change is in the state file before it is acted on, so a manager that dies
+finishes it. An elastic job told to resize saves and exits like a preempted one, and is
+launched again at once on its new GPUs, never through its queue (`resized`).
+
+Every change is in the state file before it is acted on, so a manager that dies
 at any line recovers (`recovery.py`). It runs under the manager's lock, never alone.
 """
 
@@ -19,6 +22,7 @@ from typing import Any
 from preemptible._env_names import (
     ATTEMPT_ENV,
     COST_FILE_ENV,
+    GPUS_ENV,
     GRACE_ENV,
     JOB_ID_ENV,
     TOKEN_ENV,
@@ -26,7 +30,7 @@ from preemptible._env_names import (
 )
 from preemptible.errors import QueueError
 from preemptible.queue.core import Job, Preempt, QueueConfig, RunningJob
-from preemptible.queue.core.model import Admit
+from preemptible.queue.core.model import Admit, Resize
 from preemptible.queue.core.negotiation import grace_seconds
 from preemptible.queue.scheduler_loop import Leaving, Shell
 from preemptible.queue.service.book import JobBook
@@ -76,6 +80,8 @@ class JobRuns:
         self.free_gpus = set(range(config.cluster.gpus))
         self.admissions: Counter[str] = Counter()
         self.preemption_counts: Counter[tuple[str, str]] = Counter()
+        self.resize_counts: Counter[tuple[str, str]] = Counter()
+        """(queue, "shrink" or "grow") -> resizes sent since the manager started."""
         self.preempted_at: dict[str, deque[float]] = {q.name: deque() for q in config.queues}
         """When each queue's jobs were requeued after a notice, oldest first."""
         self.dirty = True
@@ -86,23 +92,29 @@ class JobRuns:
     def started(self, admit: Admit, running: RunningJob, now: float) -> None:
         """Launch an admitted job on free GPUs; the intent is stored before the launch."""
         record = self.book.jobs[running.job.id]
-        record.gpu_ids = sorted(self.free_gpus)[: record.gpus]
+        record.gpu_ids = sorted(self.free_gpus)[: running.size]
         self.free_gpus.difference_update(record.gpu_ids)
+        record.waits.append([now, now - record.pending_since])
+        if not record.grace_s:
+            record.grace_s = grace_seconds(running.job.save_s, self.config.preemption)
+        self._start_attempt(record, now, admit.reason, "admitted", {"gpus": record.gpu_ids})
+        self.admissions[record.queue] += 1
+
+    def _start_attempt(
+        self, record: JobRecord, now: float, reason: str, kind: str, data: dict[str, Any]
+    ) -> None:
+        """Launch the record's next attempt on its `gpu_ids`; the intent is stored first."""
         record.attempts += 1
         record.state = JobState.RUNNING
-        record.reason = admit.reason
+        record.reason = reason
         record.started_at = now
-        record.waits.append([now, now - record.pending_since])
-        record.runs.append([now, -1.0])
+        record.runs.append([now, -1.0, float(len(record.gpu_ids))])
         record.handle = None
         record.launch_error = None
         record.exit_code = None
-        if not record.grace_s:
-            record.grace_s = grace_seconds(running.job.save_s, self.config.preemption)
         with self.book.store.transaction() as db:  # the intent first: a crash is recoverable
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
-            self.book.event(db, now, "admitted", record, admit.reason, {"gpus": record.gpu_ids})
-        self.admissions[record.queue] += 1
+            self.book.event(db, now, kind, record, reason, data)
         crash_point("admitted")
         try:
             handle = self.executor.launch(self.launch_spec(record))
@@ -120,6 +132,31 @@ class JobRuns:
         self.send_notice(record, now, notice.reason, notice.grace_s, notice.for_job)
         return Leaving(at=now + _expected_exit_s(running.job, notice.grace_s))
 
+    def resized(self, resize: Resize, running: RunningJob, now: float) -> None:
+        """Tell an elastic job to save and restart on `resize.gpus` GPUs (`ResizingRuns`).
+
+        A grow takes its new GPUs now (the core counts them held from the notice on); a shrink
+        keeps the first of its GPUs and gives up the others once it has exited."""
+        record = self.book.jobs[resize.job_id]
+        if resize.kind == "grow":
+            extra = sorted(self.free_gpus)[: max(0, resize.gpus - len(record.gpu_ids))]
+            self.free_gpus.difference_update(extra)
+            gpu_ids = sorted([*record.gpu_ids, *extra])
+        else:
+            gpu_ids = record.gpu_ids[: resize.gpus]
+        self.resize_counts[(record.queue, resize.kind)] += 1
+        # As the core's state has it: a grow counts from its notice, a shrink from its notice
+        # until it has saved, then from its restart (`_restart_resized`).
+        record.last_resized_at = now
+        self.send_notice(
+            record,
+            now,
+            resize.reason,
+            resize.grace_s,
+            resize.for_job,
+            resize=(resize.kind, gpu_ids),
+        )
+
     # --- one run ------------------------------------------------------------------------------
 
     def launch_spec(self, record: JobRecord) -> LaunchSpec:
@@ -136,10 +173,12 @@ class JobRuns:
                 ATTEMPT_ENV: str(k),
             }
         )
+        env[GPUS_ENV] = str(len(record.gpu_ids))
+        size = str(len(record.gpu_ids))
         return LaunchSpec(
             job_id=record.id,
             attempt=k,
-            command=list(record.command),
+            command=[arg.replace("{gpus}", size) for arg in record.command],
             cwd=record.cwd,
             env=env,
             gpu_ids=list(record.gpu_ids),
@@ -165,17 +204,25 @@ class JobRuns:
         for_job: str | None,
         *,
         by: Principal | None = None,
+        resize: tuple[str, list[int]] | None = None,
     ) -> None:
         """Store the notice, then SIGTERM the job's group (a restart sends one never sent);
-        `by` asked for it (a cancel), None when a cycle decided it."""
+        `by` asked for it (a cancel), None when a cycle decided it. `resize`: ("shrink" or
+        "grow", the GPUs it restarts on) for a resize, which leaves the job running."""
+        self._drop_grown(record)  # a cancel that overrides a grow: its new GPUs go back
         record.notice = SentNotice(
             reason=reason, grace_s=grace_s, sent_at=now, deadline=now + grace_s, for_job=for_job
         )
-        record.state = JobState.PREEMPTING
+        data: dict[str, Any] = {"grace_s": grace_s, "for": for_job}
+        if resize is None:
+            record.state = JobState.PREEMPTING
+        else:
+            record.notice.kind = "resize"
+            record.notice.resize_kind, record.notice.gpu_ids = resize
+            data.update({"resize": resize[0], "from": record.size, "to": len(resize[1])})
         record.reason = reason
         with self.book.store.transaction() as db:
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
-            data = {"grace_s": grace_s, "for": for_job}
             self.book.event(db, now, "notice", record, reason, data, by=by)
         crash_point("noticed")
         if record.handle is not None:
@@ -220,16 +267,25 @@ class JobRuns:
                 self.book.save(record)
 
     def exited(self, record: JobRecord, ended: Exit, now: float) -> None:
-        """A run is over: free its GPUs, and requeue it (preempted) or finish it."""
+        """A run is over: free its GPUs, and requeue it (preempted) or finish it; an elastic
+        job that saved on its resize notice starts again at once on its new GPUs."""
         at = ended.ended_at if ended.ended_at is not None else now
+        size = record.size
+        notice = record.notice
+        resizing = notice is not None and notice.kind == "resize" and notice.gpu_ids is not None
+        acked = notice is not None and notice.acked_at is not None
+        if resizing and acked and ended.exit_code != 0 and not record.cancel_requested:
+            assert notice is not None
+            self._restart_resized(record, notice, at, now)
+            return
         self.shell.release(record.id, now)
+        self._drop_grown(record)
         self.free_gpus.update(record.gpu_ids)
         record.gpu_ids = []
         record.handle = None
         record.exit_code = ended.exit_code
         if record.runs:
             record.runs[-1][1] = at
-        notice = record.notice
         record.notice = None
         self.dirty = True
         if notice is None or (ended.exit_code == 0 and not record.cancel_requested):
@@ -241,7 +297,7 @@ class JobRuns:
         # From the SIGTERM: a notice sent only at a restart must not count the downtime.
         took = max(0.0, at - (notice.signalled_at or notice.sent_at))
         record.observed_exit_s = took
-        lost = record.gpus * _lost_seconds(record, notice, at)
+        lost = size * _lost_seconds(record, notice, at)
         data = {
             "grace_s": notice.grace_s,
             "took_s": round(took, 3),
@@ -259,12 +315,62 @@ class JobRuns:
         self.preempted_at[record.queue].append(now)
         record.state = JobState.PENDING
         record.pending_since = now
-        record.reason = f"requeued: {notice.reason}"
+        why = notice.reason
+        if resizing:
+            # It exited without saving on its resize notice (it does not support one): it is
+            # preempted instead, and its next attempt starts from its queue.
+            self.preemption_counts[(record.queue, "resize_refused")] += 1
+            why = (
+                f"it exited without saving on its notice to {notice.resize_kind} to "
+                f"{len(notice.gpu_ids or ())} GPUs, so it was preempted instead ({notice.reason})"
+            )
+        record.reason = f"requeued: {why}"
         with self.book.store.transaction() as db:
-            self.book.event(db, now, "requeued", record, notice.reason, data)
+            self.book.event(db, now, "requeued", record, why, data)
             self.renegotiate(db, record, now)  # its exit is a measurement: the grace follows
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
         self.shell.submit(record.core_job())
+
+    def _restart_resized(
+        self, record: JobRecord, notice: SentNotice, at: float, now: float
+    ) -> None:
+        """The job saved on its resize notice and exited: launch it again at once on its new
+        GPUs (a shrink's others are free from now on, for the job it was shrunk for first)."""
+        new = list(notice.gpu_ids or ())
+        old = list(record.gpu_ids)
+        if notice.resize_kind == "shrink":
+            self.shell.shrunk(record.id, len(new), now)
+        self.free_gpus.update(set(old) - set(new))
+        if record.runs:
+            record.runs[-1][1] = at
+        took = max(0.0, at - (notice.signalled_at or notice.sent_at))
+        lost = len(old) * _lost_seconds(record, notice, at)
+        record.resize_losses.append([now, lost])
+        record.resizes += 1
+        if notice.resize_kind == "shrink":
+            record.last_resized_at = now  # as `Shell.shrunk` has it; a grow's is its notice
+        record.observed_exit_s = took
+        record.notice = None
+        record.gpu_ids = new
+        self.dirty = True
+        data = {
+            "resize": notice.resize_kind,
+            "from": len(old),
+            "to": len(new),
+            "took_s": round(took, 3),
+            "lost_gpu_s": round(lost, 3),
+            "gpus": new,
+        }
+        why = notice.reason.removeprefix("resized: ")  # the core's reason says it once
+        reason = f"resized from {len(old)} to {len(new)} GPUs: {why}"
+        self._start_attempt(record, now, reason, "resized", data)
+
+    def _drop_grown(self, record: JobRecord) -> None:
+        """Give back the GPUs a grow took for a restart that will not happen."""
+        notice = record.notice
+        if notice is not None and notice.kind == "resize" and notice.resize_kind == "grow":
+            self.free_gpus.update(set(notice.gpu_ids or ()) - set(record.gpu_ids))
+            notice.gpu_ids = list(record.gpu_ids)
 
     def finish(
         self,

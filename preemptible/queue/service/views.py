@@ -91,6 +91,10 @@ class SubmitRequest:
     name: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    min_gpus: int | None = None
+    """An elastic job's smallest size (None: rigid); `gpus` is its largest."""
+    gpus_multiple: int = 1
+    """An elastic job's size is a multiple of this."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,7 +134,13 @@ class JobView:
     cost: CostView
     command: list[str]
     gpu_ids: list[int] = field(default_factory=list)
-    """The GPUs of the current attempt (CUDA_VISIBLE_DEVICES), empty when not running."""
+    """The GPUs of the current attempt (CUDA_VISIBLE_DEVICES), empty when not running: fewer
+    than `gpus` for an elastic job running smaller."""
+    min_gpus: int | None = None
+    """An elastic job's smallest size; None for a rigid job."""
+    gpus_multiple: int = 1
+    resizes: int = 0
+    """How often it was shrunk or grown (not counted in its preemptions)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -159,11 +169,15 @@ class NegotiationView:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class NoticeView:
-    """A preemption notice: save and exit by `deadline` (epoch seconds)."""
+    """A notice: save and exit by `deadline` (epoch seconds). `kind` "preempt" (the job
+    goes back to its queue, or is cancelled) or "resize" (it restarts at once on `gpus`)."""
 
     reason: str
     grace_s: float
     deadline: float
+    kind: str = "preempt"
+    gpus: int | None = None
+    """The size it restarts at, for a resize."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -197,6 +211,10 @@ class SignalsView:
     lost_gpu_s: float
     lost_gpu_s_per_preemption: float
     jobs: int
+    resizes: int = 0
+    """Shrinks and grows of elastic jobs (not preemptions)."""
+    resize_lost_gpu_s: float = 0.0
+    """GPU-seconds their saves and restarts cost."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -20,7 +20,8 @@ import torch
 
 from preemptible import Checkpointer, Context
 from preemptible.checkpoint.stats import CostTracker
-from preemptible.runtime.queue_link import QueueLink, QueueNotice, Terms
+from preemptible.runtime import queue_link
+from preemptible.runtime.queue_link import NoticeKind, QueueLink, QueueNotice, Terms
 from tests.polling import wait_until
 
 TOKEN = "job-secret-token"
@@ -152,11 +153,67 @@ def test_a_notice_reaches_the_job_with_its_deadline(manager) -> None:
     link.close()
 
 
+def test_a_resize_notice_reaches_the_job_with_its_size_and_a_grace_from_its_deadline(
+    manager,
+) -> None:
+    state, url = manager
+    notices: list[QueueNotice] = []
+    link = link_to(url)
+    link.start(on_notice=notices.append)
+    deadline = time.time() + 45
+    state.notice = {"kind": "resize", "gpus": 2, "deadline": deadline}
+    state.notice_set.set()
+    wait_until(lambda: notices, "the notice", timeout=10)
+    (notice,) = notices
+    assert (notice.kind, notice.gpus, notice.deadline) == (NoticeKind.RESIZE, 2, deadline)
+    assert notice.reason == "resize to 2 GPUs" and 40 < notice.grace_s <= 45
+    link.close()
+
+
+@pytest.mark.parametrize(
+    "notice",
+    [
+        {"kind": "migrate", "node": "n3", "deadline": 1234.5},
+        {"kind": "resize", "gpus": 0, "deadline": 1234.5},
+        {"kind": "resize", "gpus": "2", "deadline": 1234.5},
+        {"kind": "resize", "deadline": 1234.5},
+    ],
+    ids=["unknown-kind", "zero-gpus", "gpus-as-text", "no-gpus"],
+)
+def test_a_notice_the_sdk_cannot_act_on_exactly_is_a_preemption_warned_once(
+    manager, caplog, notice, monkeypatch
+) -> None:
+    monkeypatch.setattr(queue_link, "_warned_kinds", set())
+    state, url = manager
+    notices: list[QueueNotice] = []
+    with caplog.at_level(logging.WARNING, "preemptible"):
+        for _ in range(2):  # two attempts of the job in one process: one warning
+            link = link_to(url)
+            link.start(on_notice=notices.append)
+            state.notice = notice
+            state.notice_set.set()
+            wait_until(lambda: notices, "the notice", timeout=10)
+            link.close()
+    assert all(n.kind is NoticeKind.PREEMPT and n.gpus is None for n in notices)
+    assert notices[0].deadline == 1234.5 and "handled as a preemption" in notices[0].reason
+    warned = [r for r in caplog.records if "handling it as a preemption" in r.getMessage()]
+    assert len(warned) == 1, caplog.text
+
+
 def test_the_ack_posts_the_committed_step(manager) -> None:
     state, url = manager
     link = link_to(url)
     assert link.ack(41, at=99.0) is True
     assert state.requests[-1][:3] == ("POST", "/v1/jobs/j7/checkpointed", {"step": 41, "at": 99.0})
+    link.close()
+
+
+def test_the_ack_of_a_resize_says_so_and_names_the_size(manager) -> None:
+    state, url = manager
+    link = link_to(url)
+    assert link.ack(41, at=99.0, resize_to=2) is True
+    body = {"step": 41, "at": 99.0, "kind": "resize", "gpus": 2}
+    assert state.requests[-1][:3] == ("POST", "/v1/jobs/j7/checkpointed", body)
     link.close()
 
 
@@ -278,6 +335,32 @@ def test_a_managers_notice_stops_the_loop_saves_and_acks_the_step(manager, tmp_p
     assert saved == 2  # the boundary of the step in which the notice came
     acks = [r for r in state.requests if r[1].endswith("/checkpointed")]
     assert [r[2]["step"] for r in acks] == [saved]
+
+
+def test_a_resize_notice_stops_the_loop_saves_acks_the_resize_and_tells_the_loop(
+    manager, tmp_path, caplog
+) -> None:
+    state, url = manager
+    sizes: list[int | None] = []
+    contexts: list[Context] = []
+
+    def notice_at(ctx: Context, step: int) -> None:
+        sizes.append(ctx.resize_to)
+        contexts.append(ctx)
+        if step == 3:
+            state.notice = {"kind": "resize", "gpus": 6, "deadline": time.time() + 60}
+            state.notice_set.set()
+            wait_until(lambda: ctx.guard.requested, "the guard's request", timeout=10)
+
+    with caplog.at_level(logging.INFO, "preemptible"), pytest.raises(SystemExit) as exit_:
+        train_with(link_to(url), tmp_path, total=100, every_steps=50, notice_at=notice_at)
+    assert exit_.value.code == 143
+    assert sizes == [None] * 4 and contexts[0].resize_to == 6  # known at the stop
+    assert Checkpointer(tmp_path).latest().step == 3
+    (ack,) = [r[2] for r in state.requests if r[1].endswith("/checkpointed")]
+    assert {k: ack[k] for k in ("step", "kind", "gpus")} == {"step": 3, "kind": "resize", "gpus": 6}
+    assert "resize to 6 GPUs: saving at step 3" in caplog.text
+    assert "resizing to 6 GPUs: checkpointed step 3" in caplog.text
 
 
 def test_terms_become_the_guards_grace_and_the_auto_interval(manager, tmp_path) -> None:

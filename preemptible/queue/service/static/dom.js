@@ -78,3 +78,11 @@ export function ordinal(n) {
   const suffix = n % 100 >= 11 && n % 100 <= 13 ? "th" : ["th", "st", "nd", "rd"][n % 10] || "th";
   return `${n}${suffix}`;
 }
+
+// A job's GPUs: "8", or for an elastic job its size now and its range: "4 (2–8)".
+export function gpuSize(job) {
+  const low = job.min_gpus;
+  if (low === null || low === undefined || low >= job.gpus) return String(job.gpus);
+  const now = job.gpu_ids.length;
+  return now ? `${now} (${low}–${job.gpus})` : `${low}–${job.gpus}`;
+}

@@ -1,6 +1,6 @@
 // A job's page: its terms and what it cost, attempts, notices, checkpoints, audit log, output.
 
-import { clock, duration, el, number, replace, seconds, table } from "./dom.js";
+import { clock, duration, el, gpuSize, number, replace, seconds, table } from "./dom.js";
 
 function fact(label, value, id) {
   return el("div", { class: "fact" }, el("span", { class: "label", text: label }), el("span", { class: "value", id, text: value }));
@@ -53,7 +53,8 @@ export function renderJob(detail) {
     "div",
     { class: "facts" },
     fact("queue / tier", `${job.queue} · ${job.tier}`),
-    fact("GPUs", job.gpu_ids.length ? `${job.gpus} (${job.gpu_ids.join(", ")})` : String(job.gpus)),
+    fact("GPUs", job.gpu_ids.length ? `${gpuSize(job)}: ${job.gpu_ids.join(", ")}` : gpuSize(job)),
+    fact("resizes", String(job.resizes ?? 0)),
     fact("attempts", String(job.attempts), "job-attempts"),
     fact("negotiated grace", seconds(job.grace_s), "job-grace"),
     fact("minimum runtime", seconds(job.min_runtime_s)),

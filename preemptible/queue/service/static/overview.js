@@ -1,7 +1,7 @@
 // The overview: the four signals with their trend, the GPUs, the queues and the jobs.
 
 import { gpuTiles, queueColor, sparkline } from "./charts.js";
-import { duration, el, number, ordinal, percent, replace, table } from "./dom.js";
+import { duration, el, gpuSize, number, ordinal, percent, replace, table } from "./dom.js";
 
 // The four signals of docs/maintainers/design.md §5, as [label, field, format].
 const SIGNALS = [
@@ -141,7 +141,7 @@ export function renderJobs(data) {
       job.queue,
       job.tier,
       el("td", { class: "state" }, el("span", { class: `badge ${job.state}`, text: job.state })),
-      String(job.gpus),
+      gpuSize(job),
       duration(waited(job, data.at)),
       el("td", { class: "reason", text: job.reason }),
     ],

@@ -517,3 +517,10 @@ def test_checked_in_kueue_yaml_matches_the_generator():
         "integrations/kubernetes/kueue.yaml is out of date; regenerate it with "
         "`preemptible queue export --to kueue examples/queue.toml -o integrations/kubernetes`"
     )
+
+
+def test_both_exports_say_what_becomes_of_elastic_ranges():
+    kueue_header = kueue_yaml(example()).split("\n---\n")[0]
+    assert "Elastic ranges (min_gpus, gpus_multiple)" in kueue_header
+    assert "v1beta1 (Kueue before v0.18) they cannot be expressed" in kueue_header
+    assert "SLURM has no shrink or grow in place" in slurm_conf(example())

@@ -46,9 +46,10 @@ schema = schemathesis.openapi.from_asgi(
 schema.config.update(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
 schema.config.generation.update(max_examples=25, allow_extra_parameters=False)
 # A schema-valid request may still name a queue this machine lacks (400), a job that does not
-# exist (404), or a job whose state forbids it (409).
+# exist (404), or a job whose state forbids it (409), or give a range of sizes the schema cannot
+# express (`min_gpus` above `gpus`, a multiple that does not divide them: 422, `JobSpecError`).
 schema.config.checks.positive_data_acceptance.expected_statuses = [
-    "2xx", "400", "401", "403", "404", "409",
+    "2xx", "400", "401", "403", "404", "409", "422",
 ]  # fmt: skip
 schema.config.checks.negative_data_rejection.expected_statuses = [
     "400", "401", "403", "404", "405", "413", "422",
