@@ -138,24 +138,18 @@ class ManagerCollector:
         for queue, n in sorted(_mapping(snapshot.get("admissions")).items()):
             admissions.add_metric([str(queue)], float(n))
         yield admissions
-        preemptions = CounterMetricFamily(
-            f"{PREFIX}_preemptions",
+        yield _per_queue_counter(
+            "preemptions",
             "Preemptions since the manager started, by victim queue and reason",
-            labels=["queue", "reason"],
+            "reason",
+            snapshot.get("preemptions"),
         )
-        for key, n in sorted(_mapping(snapshot.get("preemptions")).items(), key=str):
-            queue, reason = key if isinstance(key, tuple) else (key, "unknown")
-            preemptions.add_metric([str(queue), str(reason)], float(n))
-        yield preemptions
-        resizes = CounterMetricFamily(
-            f"{PREFIX}_resizes",
+        yield _per_queue_counter(
+            "resizes",
             "Elastic jobs shrunk or grown since the manager started (not preemptions)",
-            labels=["queue", "kind"],
+            "kind",
+            snapshot.get("resizes"),
         )
-        for key, n in sorted(_mapping(snapshot.get("resizes")).items(), key=str):
-            queue, kind = key if isinstance(key, tuple) else (key, "unknown")
-            resizes.add_metric([str(queue), str(kind)], float(n))
-        yield resizes
         yield from _cycle_metrics(snapshot.get("cycle_seconds"))
         histogram = snapshot.get("cycle_histogram")
         if isinstance(histogram, HistogramCounts):
@@ -217,6 +211,15 @@ def _cycle_metrics(durations: Any) -> Iterator[Metric]:
     )
     count.add_metric([], float(len(recent)))
     yield count
+
+
+def _per_queue_counter(name: str, help_text: str, label: str, counts: object) -> Metric:
+    """A counter of {(queue, `label`): n}; a key that is not a pair counts as ("key", unknown)."""
+    family = CounterMetricFamily(f"{PREFIX}_{name}", help_text, labels=["queue", label])
+    for key, n in sorted(_mapping(counts).items(), key=str):
+        queue, value = key if isinstance(key, tuple) else (key, "unknown")
+        family.add_metric([str(queue), str(value)], float(n))
+    return family
 
 
 def _signal_metrics(stats: StatsView) -> Iterator[Metric]:
