@@ -171,10 +171,10 @@ class JobRuns:
                 GRACE_ENV: f"{record.grace_s:g}",
                 COST_FILE_ENV: str(self.attempt_path(record.id, 0, "cost") / "cost.json"),
                 ATTEMPT_ENV: str(k),
+                GPUS_ENV: str(len(record.gpu_ids)),
             }
         )
-        env[GPUS_ENV] = str(len(record.gpu_ids))
-        size = str(len(record.gpu_ids))
+        size = env[GPUS_ENV]
         return LaunchSpec(
             job_id=record.id,
             attempt=k,

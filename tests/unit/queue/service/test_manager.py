@@ -124,7 +124,9 @@ def until(m: QueueManager, check, *, timeout: float = 20.0):
         return check()
 
     def jobs() -> str:
-        return "jobs: " + ", ".join(f"{j.id} {j.state}" for j in m.list_jobs())
+        return "jobs: " + ", ".join(
+            f"{j.id} {j.state} {j.gpu_ids} {j.reason}" for j in m.list_jobs()
+        )
 
     what = "the stepped manager to reach the test's condition"
     return wait_until(stepped, what, timeout=timeout, describe=jobs)

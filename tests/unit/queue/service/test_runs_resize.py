@@ -19,9 +19,8 @@ from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.metrics import ApiMetrics
 from preemptible.queue.service.server import build_manager
 from preemptible.queue.service.views import CostView, JobState, SubmitRequest
-from tests.polling import wait_until
 
-from .test_manager import _MANAGERS, no_job_outlives_its_test  # noqa: F401 - the fixture
+from .test_manager import _MANAGERS, no_job_outlives_its_test, until  # noqa: F401 - the fixture
 
 PY = sys.executable
 CONFIG = {
@@ -56,21 +55,6 @@ def manager(state: Path, **policy: object) -> QueueManager:
     m = build_manager(parse_config(config), state, url="http://127.0.0.1:9")
     _MANAGERS.append(m)
     return m
-
-
-def until(m: QueueManager, check, *, timeout: float = 30.0):
-    def stepped():
-        m.step()
-        return check()
-
-    def jobs() -> str:
-        return "jobs: " + ", ".join(
-            f"{j.id} {j.state} {j.gpu_ids} {j.reason}" for j in m.list_jobs()
-        )
-
-    return wait_until(
-        stepped, "the manager to reach the test's condition", timeout=timeout, describe=jobs
-    )
 
 
 def submit_elastic(m: QueueManager, cwd: Path, *, min_gpus: int = 2):
