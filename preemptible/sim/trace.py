@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from preemptible.errors import ConfigError, TraceFormatError
-from preemptible.queue.core.model import Cluster, Job, Resources, Tier, check_elastic_range
+from preemptible.errors import TraceFormatError
+from preemptible.queue.core.model import Tier, elastic_range_problem
 
 REQUIRED = ("job_id", "submit_s", "duration_s", "gpus", "queue", "tier")
 OPTIONAL = ("cpus", "memory_gb", "estimate_s", "checkpoint_s")
@@ -185,14 +185,9 @@ def _elastic(
             )
         whole[col] = None if value is None else int(value)
     low, multiple = whole["min_gpus"], whole["gpus_multiple"] or 1
-    probe = Job(
-        id="row", queue="q", request=Resources(gpus=gpus), min_gpus=low, gpus_multiple=multiple
-    )
-    try:
-        check_elastic_range(probe, Cluster(gpus=max(gpus, low or 0)))
-    except ConfigError as exc:
-        message = str(exc).removeprefix("job 'row': ")
-        raise TraceFormatError(f"{path}:{line}: {message}") from None
+    problem = elastic_range_problem(gpus, low, multiple, max(gpus, low or 0))
+    if problem is not None:
+        raise TraceFormatError(f"{path}:{line}: {problem}")
     return low, multiple
 
 

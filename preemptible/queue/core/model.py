@@ -203,39 +203,46 @@ class Job:
         return Resources(gpus=gpus, cpus=full.cpus * share, memory_gb=full.memory_gb * share)
 
 
+def elastic_range_problem(
+    gpus: int, min_gpus: int | None, gpus_multiple: int, cluster_gpus: int
+) -> str | None:
+    """What is wrong with a size range `min_gpus`..`gpus` on `gpus_multiple` on a cluster of
+    `cluster_gpus`, with what to change; None when nothing is. (For a submission, a trace row
+    or a `Job`: each caller says whose range it is.)"""
+    low, step = min_gpus, gpus_multiple
+    if step < 1:
+        return f"gpus_multiple must be 1 or more, not {step}"
+    if low is None:
+        if step != 1 and gpus % step:
+            return (
+                f"gpus_multiple {step} does not divide gpus {gpus}; give a multiple that divides it"
+            )
+        return None
+    if low < 1:
+        return f"min_gpus must be 1 or more, not {low}"
+    if low > gpus:
+        return f"min_gpus {low} is more than gpus {gpus}; give min_gpus <= gpus"
+    if gpus % step or low % step:
+        return f"gpus_multiple {step} must divide both gpus {gpus} and min_gpus {low}"
+    if low > cluster_gpus:
+        return (
+            f"even its smallest size, {low} GPUs, is more than the cluster's {cluster_gpus}; "
+            "lower min_gpus"
+        )
+    return None
+
+
 def check_elastic_range(job: Job, cluster: Cluster) -> None:
-    """Check a job's size range at submission (the service answers 422 with the message).
+    """Check a job's size range (`elastic_range_problem`).
 
     Raises:
         ConfigError: `min_gpus` below 1 or above `request.gpus`, a `gpus_multiple` below 1 or
             that does not divide both ends of the range, or a range whose smallest size does
             not fit the cluster.
     """
-    gpus, low, step = job.request.gpus, job.min_gpus, job.gpus_multiple
-    if step < 1:
-        raise ConfigError(f"job {job.id!r}: gpus_multiple must be 1 or more, not {step}")
-    if low is None:
-        if step != 1 and gpus % step:
-            raise ConfigError(
-                f"job {job.id!r}: gpus_multiple {step} does not divide gpus {gpus}; "
-                "give a multiple that divides it"
-            )
-        return
-    if low < 1:
-        raise ConfigError(f"job {job.id!r}: min_gpus must be 1 or more, not {low}")
-    if low > gpus:
-        raise ConfigError(
-            f"job {job.id!r}: min_gpus {low} is more than gpus {gpus}; give min_gpus <= gpus"
-        )
-    if gpus % step or low % step:
-        raise ConfigError(
-            f"job {job.id!r}: gpus_multiple {step} must divide both gpus {gpus} and min_gpus {low}"
-        )
-    if low > cluster.gpus:
-        raise ConfigError(
-            f"job {job.id!r}: even its smallest size, {low} GPUs, is more than the cluster's "
-            f"{cluster.gpus}; lower min_gpus"
-        )
+    problem = elastic_range_problem(job.request.gpus, job.min_gpus, job.gpus_multiple, cluster.gpus)
+    if problem is not None:
+        raise ConfigError(f"job {job.id!r}: {problem}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from preemptible.errors import (
-    ConfigError,
     JobNotFoundError,
     JobSpecError,
     JobStateError,
@@ -40,14 +39,12 @@ from preemptible.errors import (
 )
 from preemptible.queue.core import (
     POLICIES,
-    Job,
     Policy,
     QueueConfig,
-    Resources,
     Tier,
 )
 from preemptible.queue.core.fair_share import dominant_share, fair_share_value, weight_fractions
-from preemptible.queue.core.model import check_elastic_range
+from preemptible.queue.core.model import elastic_range_problem
 from preemptible.queue.core.negotiation import (
     Negotiated,
     grace_seconds,
@@ -333,19 +330,10 @@ class QueueManager:
     def _check_range(self, req: SubmitRequest) -> None:
         """An elastic job's range (`min_gpus`..`gpus` on `gpus_multiple`) must make sense and
         fit the machine: else 422, with what to change."""
-        if req.min_gpus is None and req.gpus_multiple == 1:
-            return
-        job = Job(
-            id="the job",
-            queue=req.queue,
-            request=Resources(gpus=req.gpus, cpus=req.cpus, memory_gb=req.memory_gb),
-            min_gpus=req.min_gpus,
-            gpus_multiple=req.gpus_multiple,
-        )
-        try:
-            check_elastic_range(job, self.config.cluster)
-        except ConfigError as exc:
-            raise JobSpecError(str(exc).removeprefix("job 'the job': ")) from None
+        cluster_gpus = self.config.cluster.gpus
+        problem = elastic_range_problem(req.gpus, req.min_gpus, req.gpus_multiple, cluster_gpus)
+        if problem is not None:
+            raise JobSpecError(problem)
 
     # --- reading ------------------------------------------------------------------------------
 
