@@ -168,19 +168,7 @@ class JobRecord:
     def view(self) -> JobView:
         """The job as the API shows it (a copy: the record may change after)."""
         c = self.cost
-        cost = (
-            CostView(observed_exit_seconds=self.observed_exit_s)
-            if c is None
-            else CostView(
-                save_seconds_p95=c.save_seconds_p95,
-                stall_seconds_p95=c.stall_seconds_p95,
-                restore_seconds=c.restore_seconds,
-                bytes=c.bytes,
-                last_checkpoint_step=c.last_checkpoint_step,
-                last_checkpoint_time=c.last_checkpoint_time,
-                observed_exit_seconds=self.observed_exit_s,
-            )
-        )
+        cost = dataclasses.replace(c or CostView(), observed_exit_seconds=self.observed_exit_s)
         return JobView(
             id=self.id,
             name=self.name,
