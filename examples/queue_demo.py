@@ -1,20 +1,24 @@
-"""The queue manager in under two minutes: a borrower reclaimed, handed on, resumed bit-exactly.
+"""The queue manager in a minute: a borrower reclaimed by a shrink, grown back, bit-exact.
 
 1. A queue manager starts on a SQLite store in a temporary directory, with
    examples/queue_demo.toml: teams A and B, two of four virtual GPUs each.
-2. Team B's fine-tune (low tier, 4 GPUs: 2 borrowed from idle team A) trains under
-   `@preemptible` (examples/queue_demo_job.py), checkpointing every 10 steps.
-3. Team A's pre-training job (high tier, 2 GPUs) arrives: the manager reclaims its GPUs. B's job
-   gets its notice and SIGTERM, saves at its next step boundary and exits; A's job starts at
-   once, long before B's grace would have run out.
-4. B's job waits, requeued, and starts again when A's is done: it resumes from the step it saved
-   and ends with the same parameters, bit for bit, as an uninterrupted run of the same script.
+2. Team B's fine-tune (low tier, elastic: 4 GPUs, at least 2) trains under `@preemptible`
+   (examples/queue_demo_job.py) on all four, two of them borrowed from idle team A,
+   checkpointing every 10 steps.
+3. Team A's pre-training job (high tier, 2 GPUs) arrives: the manager reclaims the two GPUs it
+   lent. Shrinking B's job to 2 loses less than evicting it (the reason gives both costs), so
+   B's job gets a resize notice and SIGTERM, saves at its next step boundary and restarts at
+   once on its own two GPUs, from the step it saved; A's job starts on the two freed, long
+   before B's grace would have run out.
+4. A's job ends; B's grows back to 4 GPUs, because the remaining run pays for the restart. It
+   ends with the same parameters, bit for bit, as an uninterrupted run of the same script.
 5. The four signals per queue, and where to read the events.
 
 Promises checked (exit status 1 if one is broken): the preemptor started before the borrower's
-grace ran out; the borrower resumed from the step it saved; its final parameters equal the
-uninterrupted run's; every job completed; nothing is left running. Every process the demo
-started is stopped at the end, on Ctrl-C too, and the temporary directory removed.
+grace ran out; the borrower was shrunk, not evicted, and grew back; each of its attempts resumed
+from the step it saved; its final parameters equal the uninterrupted run's; every job completed;
+nothing is left running. Every process the demo started is stopped at the end, on Ctrl-C too,
+and the temporary directory removed.
 
     python examples/queue_demo.py [--hold]
 """
@@ -340,8 +344,16 @@ def describe(event: dict[str, Any]) -> tuple[str, str]:
             "yellow",
         )
     if kind == "notice":
+        grace = seconds(float(data["grace_s"]))
+        if data.get("resize"):
+            why = reason.partition(": ")[2]
+            return (
+                f"resize notice ({data['from']} -> {data['to']} GPUs) and SIGTERM, grace "
+                f"{grace}: {why}",
+                "bold yellow",
+            )
         why = reason.removeprefix("preempted: ")
-        return f"notice and SIGTERM, grace {seconds(float(data['grace_s']))}: {why}", "bold red"
+        return f"notice and SIGTERM, grace {grace}: {why}", "bold red"
     if kind == "checkpointed":
         step = data.get("step")
         if reason.startswith("saved after the notice"):
@@ -354,6 +366,13 @@ def describe(event: dict[str, Any]) -> tuple[str, str]:
             + (", killed at the deadline" if data.get("killed") else "")
             + "); back in the queue",
             "red",
+        )
+    if kind == "resized":
+        return (
+            f"exited {seconds(float(data.get('took_s', 0)))} after its notice "
+            f"({float(data.get('lost_gpu_s', 0)):.1f} GPU-s lost); restarted at once on GPUs "
+            f"{','.join(str(g) for g in data.get('gpus', []))}",
+            "yellow",
         )
     if kind == "completed":
         return f"completed ({reason})", "bold green"
@@ -369,14 +388,20 @@ class Scenario:
 
     borrower: DemoJob
     preemptor: DemoJob
-    saved_step: int | None = None
-    """The newest committed checkpoint on disk when the borrower had left."""
-    acked_step: int | None = None
-    """The step the borrower said it had saved after its notice (SDKs that say so)."""
+    saved_steps: list[int | None] = field(default_factory=list)
+    """The newest committed checkpoint on disk each time the borrower's attempt had ended."""
+    resizes: list[tuple[int, int]] = field(default_factory=list)
+    """The borrower's resizes: (GPUs before, GPUs after)."""
+    evicted: bool = False
+    acked_steps: list[int | None] = field(default_factory=list)
+    """The steps the borrower said it had saved after its notices (SDKs that say so)."""
     handed_on: bool = False
+    reclaim_notice: Notice | None = None
+    """The borrower's notice that handed its borrowed GPUs on."""
 
 
-def job_command(checkpoint_dir: Path, steps: int, step_seconds: float) -> list[str]:
+def job_command(checkpoint_dir: Path, steps: int, step_seconds: float, gpus: str) -> list[str]:
+    """The job's command line; `gpus` is "{gpus}" under the manager: each attempt's size."""
     return [
         sys.executable,
         str(JOB_SCRIPT),
@@ -386,6 +411,8 @@ def job_command(checkpoint_dir: Path, steps: int, step_seconds: float) -> list[s
         str(steps),
         "--step-seconds",
         str(step_seconds),
+        "--gpus",
+        gpus,
     ]
 
 
@@ -394,7 +421,7 @@ def submit(server: Server, tmp: Path, *, team: str, label: str, steps: int, **fi
     body = {
         "queue": team,
         "name": label,
-        "command": job_command(checkpoint_dir, steps, STEP_SECONDS),
+        "command": job_command(checkpoint_dir, steps, STEP_SECONDS, "{gpus}"),
         "cwd": str(tmp),
         **fields,
     }
@@ -413,10 +440,17 @@ def latest_step(root: Path) -> int | None:
 
 
 def play(server: Server, timeline: Timeline, tmp: Path) -> Scenario:
-    """Phases 2 to 4: the borrower, the reclaim, the hand-on, the resume."""
-    # 2. Team B's fine-tune borrows team A's idle GPUs.
+    """Phases 2 to 4: the borrower, the reclaim by a shrink, the hand-on, the grow."""
+    # 2. Team B's elastic fine-tune borrows team A's idle GPUs.
     borrower = submit(
-        server, tmp, team="team-b", label="finetune", steps=BORROWER_STEPS, gpus=4, tier="low"
+        server,
+        tmp,
+        team="team-b",
+        label="finetune",
+        steps=BORROWER_STEPS,
+        gpus=4,
+        min_gpus=2,
+        tier="low",
     )
     timeline.track(borrower)
     timeline.wait(
@@ -425,7 +459,7 @@ def play(server: Server, timeline: Timeline, tmp: Path) -> Scenario:
         60,
         f"{borrower.id} committing a checkpoint of step {RECLAIM_AT_STEP}",
     )
-    # 3. Team A's job arrives: the manager reclaims the two GPUs it lent.
+    # 3. Team A's job arrives: the manager reclaims the two GPUs it lent, by a shrink.
     preemptor = submit(
         server, tmp, team="team-a", label="pretrain", steps=PREEMPTOR_STEPS, gpus=2, tier="high"
     )
@@ -438,7 +472,7 @@ def play(server: Server, timeline: Timeline, tmp: Path) -> Scenario:
         60,
         f"{preemptor.id} starting after {borrower.id}'s notice",
     )
-    # 4. B's job waits for four GPUs, then resumes from its checkpoint.
+    # 4. A's job ends: B's grows back to four GPUs, resuming from its checkpoint each time.
     timeline.wait(
         "every job completed",
         lambda: borrower.state == "completed" and preemptor.state == "completed",
@@ -454,13 +488,17 @@ def on_event(timeline: Timeline, seen: Scenario, event: dict[str, Any]) -> None:
     borrower, preemptor = seen.borrower, seen.preemptor
     acked = event["reason"].startswith("saved after the notice")
     if event["kind"] == "checkpointed" and event["job_id"] == borrower.id and acked:
-        seen.acked_step = event["data"].get("step")
-    if event["kind"] == "requeued" and event["job_id"] == borrower.id:
-        seen.saved_step = latest_step(borrower.checkpoint_dir)
-        report = Checkpointer(borrower.checkpoint_dir).verify(seen.saved_step)
+        seen.acked_steps.append(event["data"].get("step"))
+    if event["kind"] in ("requeued", "resized") and event["job_id"] == borrower.id:
+        seen.evicted = seen.evicted or event["kind"] == "requeued"
+        if event["kind"] == "resized":
+            seen.resizes.append((event["data"]["from"], event["data"]["to"]))
+        saved = latest_step(borrower.checkpoint_dir)
+        seen.saved_steps.append(saved)
+        report = Checkpointer(borrower.checkpoint_dir).verify(saved)
         timeline.say(
             borrower.id,
-            f"its newest committed checkpoint on disk: step {seen.saved_step} "
+            f"its newest committed checkpoint on disk: step {saved} "
             f"({'verified' if report.ok else report.problems})",
             style="yellow",
             at=event["at"],
@@ -468,6 +506,7 @@ def on_event(timeline: Timeline, seen: Scenario, event: dict[str, Any]) -> None:
     notice = timeline.notices.get(borrower.id)
     if event["kind"] == "admitted" and event["job_id"] == preemptor.id and notice is not None:
         seen.handed_on = True
+        seen.reclaim_notice = notice
         after = event["at"] - notice.at
         left = notice.at + notice.grace_s - event["at"]
         timeline.say(
@@ -484,7 +523,7 @@ def on_event(timeline: Timeline, seen: Scenario, event: dict[str, Any]) -> None:
 
 def check_hand_on(timeline: Timeline, seen: Scenario) -> Promise:
     name = "the preemptor started before the borrower's grace ran out"
-    notice = timeline.notices.get(seen.borrower.id)
+    notice = seen.reclaim_notice
     view = timeline.admin.get(f"/v1/jobs/{seen.preemptor.id}").raise_for_status().json()
     if notice is None or view["started_at"] is None:
         return Promise(name, False, "no notice or no start was recorded")
@@ -495,22 +534,39 @@ def check_hand_on(timeline: Timeline, seen: Scenario) -> Promise:
     return Promise(name, margin > 0, detail)
 
 
-RESUMED = re.compile(r"attempt (\d+): starting at step (\d+) \(resumed from step (\d+)\)")
+def check_elastic(seen: Scenario) -> Promise:
+    name = "the borrower was shrunk, not evicted, and grew back"
+    sizes = " then ".join(f"{a} -> {b} GPUs" for a, b in seen.resizes) or "no resize"
+    ok = not seen.evicted and seen.resizes == [(4, 2), (2, 4)]
+    return Promise(name, ok, sizes + (", and it was evicted" if seen.evicted else ""))
+
+
+RESUMED = re.compile(
+    r"attempt (\d+): starting at step (\d+) on (\d+) GPUs \(resumed from step (\d+)\)"
+)
 
 
 def check_resume(timeline: Timeline, seen: Scenario) -> Promise:
-    name = "the borrower resumed from the step it saved"
+    name = "each attempt of the borrower resumed from the step it saved"
     job = seen.borrower
-    found = RESUMED.search(timeline.log_of(job, 2)) if job.attempts >= 2 else None
-    if seen.saved_step is None or found is None:
-        return Promise(name, False, f"saved step {seen.saved_step}, attempts {job.attempts}")
-    start, resumed = int(found.group(2)), int(found.group(3))
-    ok = 0 < resumed == seen.saved_step and start == resumed + 1
-    detail = f"saved step {seen.saved_step}, attempt 2 resumed from {resumed}"
-    if seen.acked_step is not None:
-        ok = ok and seen.acked_step == seen.saved_step
-        detail += f" (its ack said step {seen.acked_step})"
-    return Promise(name, ok, detail)
+    if job.attempts < 2 or len(seen.saved_steps) != job.attempts - 1:
+        return Promise(name, False, f"saved steps {seen.saved_steps}, attempts {job.attempts}")
+    resumed_from = []
+    for attempt, saved in enumerate(seen.saved_steps, start=2):
+        found = RESUMED.search(timeline.log_of(job, attempt))
+        if found is None or saved is None:
+            return Promise(name, False, f"attempt {attempt} did not resume (saved step {saved})")
+        start, resumed = int(found.group(2)), int(found.group(4))
+        if not 0 < resumed == saved or start != resumed + 1:
+            return Promise(name, False, f"attempt {attempt} resumed from {resumed}, saved {saved}")
+        resumed_from.append(f"attempt {attempt} from step {resumed} on {found.group(3)} GPUs")
+    detail = ", ".join(resumed_from)
+    acked = [step for step in seen.acked_steps if step is not None]
+    if acked:
+        detail += f" (its acks said steps {', '.join(map(str, acked))})"
+        if acked != seen.saved_steps:
+            return Promise(name, False, detail)
+    return Promise(name, True, detail)
 
 
 def tensors(tree: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
@@ -564,8 +620,9 @@ def print_signals(timeline: Timeline) -> None:
     console.print(signals_table(stats))
     console.print(
         "the signals: 1 queue wait, 2 utilisation and goodput (without the work lost), "
-        "3 preemptions and the GPU-seconds each lost, 4 the longest wait of the least-served "
-        f"queue: {seconds(stats['max_wait_least_served_s'])} (over {seconds(stats['window_s'])})"
+        "3 preemptions and the GPU-seconds each lost (resizes apart), 4 the longest wait of the "
+        f"least-served queue: {seconds(stats['max_wait_least_served_s'])} "
+        f"(over {seconds(stats['window_s'])})"
     )
 
 
@@ -643,7 +700,7 @@ def run(server: Server, tmp: Path, *, hold: bool) -> list[Promise]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREEMPTIBLE_")}
     with open(tmp / "reference.log", "wb") as log:
         reference = subprocess.Popen(
-            job_command(reference_dir, BORROWER_STEPS, 0.0),
+            job_command(reference_dir, BORROWER_STEPS, 0.0, "4"),
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -666,13 +723,15 @@ def run(server: Server, tmp: Path, *, hold: bool) -> list[Promise]:
             reference.wait(60)
         except subprocess.TimeoutExpired:
             raise PromiseBroken("every job completed", "the reference run took over 60 s") from None
+        bitwise = check_bitwise(seen, reference_dir)
         promises = [
             check_hand_on(timeline, seen),
+            check_elastic(seen),
             check_resume(timeline, seen),
-            check_bitwise(seen, reference_dir),
+            bitwise,
             check_completed(timeline, reference),
         ]
-        timeline.say("demo", f"bitwise check: {promises[2].detail}", style="bold")
+        timeline.say("demo", f"bitwise check: {bitwise.detail}", style="bold")
         console.print()
         print_signals(timeline)
         token = server.tokens["admin"] if hold else "<admin token>"
@@ -727,7 +786,7 @@ def main() -> int:
     promises: list[Promise] = []
     interrupted = False
     try:
-        console.rule("the queue manager demo: a borrower reclaimed, handed on, resumed")
+        console.rule("the queue manager demo: a borrower shrunk to reclaim, grown back")
         promises = run(server, tmp, hold=args.hold)
     except PromiseBroken as broken:
         promises.append(Promise(broken.promise, False, broken.detail))

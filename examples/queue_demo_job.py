@@ -4,9 +4,12 @@ A multilayer perceptron learns a fixed function with Adam under `@preemptible`: 
 few steps, and on SIGTERM (the queue manager's notice) saves the step it is in and exits 143.
 Batch k is drawn from a generator seeded with k, so a resumed run sees the same data as an
 uninterrupted one, and its final parameters are the same bit for bit. `--step-seconds` sleeps
-after each step, standing in for the GPU time of a real job; it changes no number.
+after each step, standing in for the GPU time of a real job; it changes no number. `--gpus`
+is the size of this attempt (the manager's `{gpus}`): this job only prints it, because one CPU
+process stands in for every GPU; a job of one process per GPU keeps its math the same across
+sizes with `GlobalBatch` and the resumable sampler (docs/user-guide/elastic.md).
 
-    python examples/queue_demo_job.py --dir runs/job --steps 120 --step-seconds 0.2
+    python examples/queue_demo_job.py --dir runs/job --steps 120 --step-seconds 0.2 --gpus 4
 
 Under the queue manager the job finds `PREEMPTIBLE_QUEUE_URL` and friends in its environment;
 the SDK uses them, the script does not.
@@ -57,6 +60,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10, help="save every N steps")
     parser.add_argument("--report", type=int, default=20, help="print progress every N steps")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step (pacing)")
+    parser.add_argument(
+        "--gpus", type=int, default=1, help="GPUs of this attempt (the manager's {gpus})"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # the demo runs on two cores, next to other jobs
     logging.basicConfig(level=logging.WARNING, format="%(message)s")  # the SDK's notice line
@@ -74,7 +80,10 @@ def main() -> None:
                 origin = (
                     "fresh" if ctx.resumed_from is None else f"resumed from step {ctx.resumed_from}"
                 )
-                print(f"attempt {attempt}: starting at step {step} ({origin})", flush=True)
+                print(
+                    f"attempt {attempt}: starting at step {step} on {args.gpus} GPUs ({origin})",
+                    flush=True,
+                )
             x, y = batch(step)
             loss = torch.nn.functional.mse_loss(model(x), y)
             opt.zero_grad()

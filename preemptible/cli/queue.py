@@ -27,6 +27,7 @@ from rich.table import Table
 from preemptible._env_names import TOKEN_ENV, URL_ENV
 from preemptible._units import fmt_duration
 from preemptible.cli._common import console, echo, echo_json, echo_raw, printable, table
+from preemptible.cli._common import text as plain_text
 from preemptible.errors import PreemptibleError
 
 DEFAULT_PORT = 8470
@@ -464,9 +465,9 @@ def signals_table(stats: dict[str, Any]) -> Table:
     """The four signals of a `/v1/stats` answer, one row per queue and one overall."""
     signals = table(box=None, header_style="bold", pad_edge=False)
     columns = ("QUEUE", "JOBS", "P95 WAIT", "MAX WAIT", "UTIL", "GOODPUT", "PREEMPTED")
+    rows = [*sorted(stats["queues"].items()), ("(overall)", stats["overall"])]
     for column in (*columns, "LOST EACH"):  # fits 80 columns
         signals.add_column(column, justify="left" if column == "QUEUE" else "right")
-    rows = [*sorted(stats["queues"].items()), ("(overall)", stats["overall"])]
     for name, s in rows:
         signals.add_row(
             name,
@@ -478,6 +479,13 @@ def signals_table(stats: dict[str, Any]) -> Table:
             f"{s['preemptions']} ({s['preemptions_per_hour']:.3g}/h)",
             f"{s['lost_gpu_s_per_preemption']:.1f} GPU-s",
         )
+    resized = [(name, s) for name, s in sorted(stats["queues"].items()) if s.get("resizes")]
+    if resized:  # elastic jobs' shrinks and grows are not preemptions: counted apart
+        each = ", ".join(
+            f"{name} {s['resizes']} ({s['resize_lost_gpu_s']:.1f} GPU-s)" for name, s in resized
+        )
+        signals.caption = plain_text(f"resized, apart from preemptions: {each}")  # never markup
+        signals.caption_justify = "left"
     return signals
 
 

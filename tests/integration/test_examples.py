@@ -73,8 +73,8 @@ def test_the_lightning_example_run_again_after_it_finished_says_so_and_exits_0(t
 
 
 def test_the_queue_manager_demo_keeps_its_promises():
-    # `make demo`: a server, two teams, a reclaim, a bit-exact resume; it checks its own
-    # promises and exits 1 if one is broken.
+    # `make demo`: a server, two teams, a reclaim by a shrink, a grow, a bit-exact resume; it
+    # checks its own promises and exits 1 if one is broken.
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / "queue_demo.py")],
         capture_output=True,
@@ -85,6 +85,8 @@ def test_the_queue_manager_demo_keeps_its_promises():
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "bit for bit" in done.stdout
+    assert "shrunk, not evicted, and grew back: 4 -> 2 GPUs then 2 -> 4 GPUs" in done.stdout
+    assert "resized, apart from preemptions: team-b 2" in done.stdout
 
 
 def test_the_checkpoint_demo_recovers_from_a_torn_save_and_a_flipped_bit(tmp_path):

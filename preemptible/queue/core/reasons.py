@@ -127,7 +127,7 @@ def preempted(
     else:
         tiers = f"tier {victim.tier.value} yields to {preemptor.tier.value}"
         why = f"preempted: {tiers} job {preemptor.id}{ran}"
-    return f"{why}; expected loss {lost_gpu_s:.0f} GPU-s"
+    return f"{why}; expected loss {_gpu_s(lost_gpu_s)}"
 
 
 def preempting(victims: Iterable[str]) -> str:
@@ -138,7 +138,7 @@ def moved(preemptor: Job, restart_on: Placement, lost_gpu_s: float) -> str:
     where = ", ".join(f"node {n}" for n, _ in restart_on)
     return (
         f"preempted: moves to {where} so that {preemptor.id} gets a node block; "
-        f"restarts there once saved; expected loss {lost_gpu_s:.0f} GPU-s"
+        f"restarts there once saved; expected loss {_gpu_s(lost_gpu_s)}"
     )
 
 
@@ -166,6 +166,11 @@ def clamped(claim: str, claimed_s: float, counted_s: float, setting: str) -> str
     if claim == "minimum runtime":
         return f"claims buy a minimum runtime of {claimed} s, counted as {counted} s ({setting})"
     return f"claimed {claim} {claimed} s, counted as {counted} s ({setting})"
+
+
+def _gpu_s(gpu_seconds: float) -> str:
+    """'1440 GPU-s', '0.4 GPU-s': a tenth where whole numbers would read 0 for a real cost."""
+    return f"{gpu_seconds:.0f} GPU-s" if gpu_seconds >= 10 else f"{gpu_seconds:.1f} GPU-s"
 
 
 def _seconds(seconds: float) -> str:
@@ -205,19 +210,19 @@ def shrunk(
     why = preempted(victim, kind, preemptor, min_runtime=False, lost_gpu_s=lost_gpu_s)
     why = why.removeprefix("preempted: ").partition("; expected loss")[0]
     cost = (
-        f"shrinking loses {lost_gpu_s:.0f} GPU-s ({size} GPUs x save + {gpus_after} GPUs x "
+        f"shrinking loses {_gpu_s(lost_gpu_s)} ({size} GPUs x save + {gpus_after} GPUs x "
         "restore; it keeps its progress)"
     )
     if by_priority:
         choice = "shrinks the lowest-priority elastic jobs first, whatever it costs"
         if evict_lost_gpu_s is not None:
-            choice += f" (evicting instead would lose {evict_lost_gpu_s:.0f} GPU-s)"
+            choice += f" (evicting instead would lose {_gpu_s(evict_lost_gpu_s)})"
     elif evict_lost_gpu_s is None:
         choice = "no eviction alone would make room"
     else:
         choice = (
-            f"chosen over evicting, which would lose {evict_lost_gpu_s:.0f} GPU-s against "
-            f"{plan_lost_gpu_s:.0f} GPU-s for this plan"
+            f"chosen over evicting, which would lose {_gpu_s(evict_lost_gpu_s)} (this plan: "
+            f"{_gpu_s(plan_lost_gpu_s)})"
         )
     return (
         f"resized: shrinks from {size} to {gpus_after} GPUs (min {victim.min_gpus}) instead of "
@@ -228,8 +233,8 @@ def shrunk(
 def evicted_over_shrink(reason: str, shrink_lost_gpu_s: float, plan_lost_gpu_s: float) -> str:
     """A preemption chosen although shrinking elastic jobs could have made room."""
     return (
-        f"{reason}; evicting loses {plan_lost_gpu_s:.0f} GPU-s in all, shrinking elastic jobs "
-        f"instead would lose {shrink_lost_gpu_s:.0f} GPU-s"
+        f"{reason}; evicting loses {_gpu_s(plan_lost_gpu_s)} in all, shrinking elastic jobs "
+        f"instead would lose {_gpu_s(shrink_lost_gpu_s)}"
     )
 
 
@@ -251,14 +256,14 @@ def grown(job: Job, size: int, gpus_after: int, price: GrowPrice, *, by_priority
     """Why an elastic job grows; `by_priority`: whenever GPUs idle, whatever it costs."""
     head = f"resized: grows from {size} to {gpus_after} of {job.request.gpus} GPUs on idle GPUs"
     if by_priority:
-        return f"{head} no pending job can use; resizing loses {price.resize_gpu_s:.0f} GPU-s"
+        return f"{head} no pending job can use; resizing loses {_gpu_s(price.resize_gpu_s)}"
     idle = (
         "no pending job is expected to want"
         if price.idle_s == float("inf")
         else (f"no pending job is expected to want for {price.idle_s / 3600:.1f} h")
     )
-    back = f" and {price.back_gpu_s:.0f} GPU-s for being shrunk back" if price.back_gpu_s else ""
+    back = f" and {_gpu_s(price.back_gpu_s)} for being shrunk back" if price.back_gpu_s else ""
     return (
-        f"{head} {idle}: it gains {price.gained_gpu_s:.0f} GPU-s, at least {price.payback:g} x "
-        f"the {price.resize_gpu_s:.0f} GPU-s the resize loses{back}"
+        f"{head} {idle}: it gains {_gpu_s(price.gained_gpu_s)}, at least {price.payback:g} x "
+        f"the {_gpu_s(price.resize_gpu_s)} the resize loses{back}"
     )

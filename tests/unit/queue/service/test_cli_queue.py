@@ -409,6 +409,25 @@ def test_the_signals_table_shows_queue_names_escaped() -> None:
         console.print(signals_table({"queues": {HOSTILE: signals}, "overall": signals}))
     assert SHOWN in captured.get()
     assert "\x1b]" not in captured.get() and "\x9b" not in captured.get()
+    assert "resized" not in captured.get()  # no elastic job was resized: no line for it
+
+
+def test_the_signals_table_counts_resizes_apart_from_preemptions() -> None:
+    from rich.console import Console
+
+    from preemptible.cli.queue import signals_table
+
+    quiet = {"jobs": 1, "p95_wait_s": 1.0, "max_wait_s": 2.0, "utilization": 0.5,
+             "goodput": 0.5, "preemptions": 1, "preemptions_per_hour": 1.0,
+             "lost_gpu_s_per_preemption": 3.0, "resizes": 0, "resize_lost_gpu_s": 0.0}  # fmt: skip
+    elastic = {**quiet, "preemptions": 0, "resizes": 2, "resize_lost_gpu_s": 1.25}
+    stats = {"queues": {"team-a": quiet, "team-b": elastic}, "overall": quiet}
+    console = Console(width=80)
+    with console.capture() as captured:
+        console.print(signals_table(stats))
+    lines = captured.get().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert lines[-1].rstrip() == "resized, apart from preemptions: team-b 2 (1.2 GPU-s)"
 
 
 # --- subprocess: the installed command, and following ------------------------------------------
