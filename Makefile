@@ -41,7 +41,7 @@ test-fast: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-# The queue manager on four virtual GPUs: a borrower reclaimed, handed on, resumed bit-exactly.
+# The queue manager on four virtual GPUs: a borrower shrunk to reclaim, grown back, bit-exact.
 demo: venv
 	$(PY) examples/queue_demo.py
 
