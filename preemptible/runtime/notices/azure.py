@@ -53,6 +53,9 @@ HEADERS = {"Metadata": "true"}
 STOPPING = ("Preempt", "Terminate")
 """The event types that take the VM away."""
 ACK_TIMEOUT_S = 2.0
+FIRST_EVENTS_TIMEOUT_S = 120.0
+"""Azure: the first request for Scheduled Events turns the service on and may take up to two
+minutes to answer; a shorter timeout would make it look like an outage."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +90,7 @@ class AzureNotices(NoticeSource):
         self._vm_name = vm_name
         self._logged: set[str] = set()
         self._acked = False
+        self._answered = False
 
     def watches(self) -> Mapping[str, Poll]:
         return {"scheduled events": self._poll}
@@ -103,11 +107,16 @@ class AzureNotices(NoticeSource):
     # --- the poll -------------------------------------------------------------------------------
 
     def _poll(self) -> CloudNotice | None:
+        read_s = self.timeout_s if self._answered else max(self.timeout_s, FIRST_EVENTS_TIMEOUT_S)
         response = self._client.get(
-            EVENTS_PATH, params={"api-version": EVENTS_API_VERSION}, headers=HEADERS
+            EVENTS_PATH,
+            params={"api-version": EVENTS_API_VERSION},
+            headers=HEADERS,
+            timeout=httpx.Timeout(read_s, connect=min(self.timeout_s, 1.0)),
         )
         if response.status_code != 200:
             raise unexpected(response)
+        self._answered = True
         for event in parse_scheduled_events(response.text):
             if event.event_type in STOPPING:
                 if not self._ours(event):
