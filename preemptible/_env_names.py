@@ -47,6 +47,16 @@ SERVICE_ACCOUNT_DIR_ENV = "PREEMPTIBLE_SERVICE_ACCOUNT_DIR"
 LOG_LEVEL_ENV = "PREEMPTIBLE_LOG_LEVEL"
 """The log level of the queue manager and the sidecar (``INFO`` unless set)."""
 
+NOTICES_ENV = "PREEMPTIBLE_NOTICES"
+"""Which clouds' metadata servers to watch for notices: ``aws,gcp,azure``, ``auto`` or ``none``
+(the default: unset costs nothing outside a cloud)."""
+NOTICES_POLL_ENV = "PREEMPTIBLE_NOTICES_POLL_SECONDS"
+"""Seconds between two polls of a cloud's metadata server (5 unless set; AWS asks for 5)."""
+AWS_REBALANCE_ENV = "PREEMPTIBLE_AWS_REBALANCE"
+"""What an AWS rebalance recommendation does: ``log`` (the default) or ``stop`` (save and exit)."""
+AZURE_METADATA_ENDPOINT_ENV = "PREEMPTIBLE_AZURE_METADATA_ENDPOINT"
+"""The Azure Instance Metadata Service's base URL (``http://169.254.169.254`` unless set)."""
+
 CRASH_AT_ENV = "PREEMPTIBLE_CRASH_AT"
 """For the fault-injection tests only: the manager kills itself at this named moment."""
 

@@ -10,7 +10,8 @@ consistent:
 2. After each step: agree with the other ranks (one small all-reduce) on "stop?" and "save?".
 3. On a notice: wait for a save in flight, save synchronously, report, exit ``128 + signum``.
    Under the queue manager the notice may come from its notice endpoint before the signal,
-   and the job tells the manager it is exiting once the save has committed (`queue_link`).
+   and the job tells the manager it is exiting once the save has committed (`queue_link`);
+   in a cloud, from its metadata server (`notices`), and Azure is told once it has committed.
    A resize notice is handled the same way (`resize_to` says the new size); the manager
    restarts the job at that size, and the restore continues it there.
 4. On periodic saves: save in the background (or not, ``async_save=False``).
@@ -24,10 +25,10 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
-from preemptible._env_names import COST_FILE_ENV
+from preemptible._env_names import COST_FILE_ENV, NOTICES_ENV
 from preemptible.checkpoint import CheckpointCost, Checkpointer
 from preemptible.errors import ConfigError, NoValidCheckpointError, PreemptibleError
 from preemptible.runtime.cost_file import write_cost_file
@@ -35,6 +36,7 @@ from preemptible.runtime.deadline import GRACE_SAFETY, GraceCheck
 from preemptible.runtime.elastic import StepAgreement
 from preemptible.runtime.env import RunEnv, check_signal_setup
 from preemptible.runtime.interval import SaveSchedule
+from preemptible.runtime.notices import CloudNotices, parse_notices
 from preemptible.runtime.queue_link import NoticeKind, QueueLink, QueueNotice, Terms
 from preemptible.runtime.reporters import Reporters
 from preemptible.runtime.reporters import from_env as reporters_from_env
@@ -79,6 +81,10 @@ class Context:
         exit_code: exit code after a notice save (default ``128 + signum``).
         mtbf_seconds: mean time between preemptions for ``interval="auto"``.
         signals: the notices to handle.
+        notices: the clouds whose metadata servers to watch for preemption notices:
+            ``"aws,gcp,azure"`` (or a list), ``"auto"`` or ``"none"``; default
+            ``$PREEMPTIBLE_NOTICES``, else none. Polled on local rank 0 (one poller per node);
+            see `preemptible.runtime.notices`.
         storage_options: fsspec options for the checkpoint root.
         cost_file: where to write measured costs (default ``$PREEMPTIBLE_COST_FILE``).
         checkpointer: use this `Checkpointer` instead of building one.
@@ -106,6 +112,7 @@ class Context:
         exit_code: int | None = None,
         mtbf_seconds: float | None = None,
         signals: tuple[int, ...] = DEFAULT_SIGNALS,
+        notices: str | Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
         cost_file: str | os.PathLike[str] | None = None,
         checkpointer: Checkpointer | None = None,
@@ -139,6 +146,10 @@ class Context:
         if queue_link is None and self.run_env.rank == 0:
             queue_link = QueueLink.from_env(os.environ)
         self.queue_link = queue_link
+        selection = parse_notices(notices if notices is not None else os.environ.get(NOTICES_ENV))
+        self.cloud_notices: CloudNotices | None = None
+        if selection and self.run_env.local_rank == 0:
+            self.cloud_notices = CloudNotices(selection, os.environ)
         if reporters is None and self.run_env.rank == 0:
             reporters = reporters_from_env(os.environ)
         self.reporters = reporters
@@ -287,6 +298,8 @@ class Context:
             self.guard.install()
         if self.queue_link is not None:
             self.queue_link.start(on_notice=self._queue_notice, on_terms=self._queue_terms)
+        if self.cloud_notices is not None:
+            self.cloud_notices.start(self._cloud_notice)
         started = time.perf_counter()
         invalid: NoValidCheckpointError | None = None
         try:
@@ -364,6 +377,10 @@ class Context:
             self._resize_heard = notice.gpus  # before the request: the boundary reads it after
         self.guard.request(f"queue manager: {notice.reason}", deadline=notice.deadline)
 
+    def _cloud_notice(self, reason: str, deadline: float | None) -> None:
+        """A cloud's notice (from its watcher thread): stop at the next step boundary."""
+        self.guard.request(reason, deadline=deadline)
+
     def _queue_terms(self, terms: Terms) -> None:
         """The manager's answer to a cost report (from the reporter thread)."""
         self.guard.set_grace(
@@ -426,6 +443,8 @@ class Context:
             self._save_final(step)
             if self.queue_link is not None:  # committed: the GPUs may go on now
                 self.queue_link.ack(step, resize_to=resize_to)
+            if self.cloud_notices is not None:  # committed: the cloud may take the VM now
+                self.cloud_notices.committed(step)
         code = self._exit_code if self._exit_code is not None else self.guard.exit_code()
         code = code or 128 + signal.SIGTERM  # a programmatic notice is a preemption too
         received = self.guard.received_at
@@ -468,6 +487,8 @@ class Context:
                 self.guard.uninstall()
             if self.queue_link is not None:
                 self.queue_link.close()
+            if self.cloud_notices is not None:
+                self.cloud_notices.close()
             if self.reporters is not None:
                 self.reporters.close()
 
