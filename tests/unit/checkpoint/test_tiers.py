@@ -180,3 +180,23 @@ def test_cost_file_round_trips_the_two_tier_fields_and_old_files_still_read(tmp_
     path.write_text(json.dumps(old))
     back = read_cost_file(path)
     assert back.save.p95 == 0.2 and back.upload.count == 0 and back.last_durable_step is None
+
+
+def test_the_decorator_passes_local_on_and_close_waits_for_the_upload(tmp_path):
+    from preemptible import Context, preemptible
+
+    remote = f"memory://tiers-{uuid.uuid4().hex}/run"
+    cost_file = tmp_path / "cost.json"
+
+    @preemptible(remote, every_steps=2, local=tmp_path / "local", cost_file=cost_file)
+    def train(ctx: Context) -> int:
+        weights = {"w": make_state(0)["weights"]["w0"]}
+        ctx.register(model=weights)
+        for _ in ctx.steps(total=5):
+            weights["w"] += 1
+        return ctx.checkpointer.local_step
+
+    assert train() == 4
+    # close() waited for the upload: the root has the final step, the cost file its upload
+    assert Checkpointer(remote).latest().step == 4
+    assert read_cost_file(cost_file).last_durable_step == 4
