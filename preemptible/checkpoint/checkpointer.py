@@ -13,11 +13,13 @@ without a word (`docs/internals/corrupt-step-replaced.md`).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import logging
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -50,16 +52,18 @@ from preemptible.checkpoint.manifest import (
 )
 from preemptible.checkpoint.reader import CheckpointReader, check_step
 from preemptible.checkpoint.records import CheckpointInfo, VerifyReport
-from preemptible.checkpoint.retention import steps_to_delete
+from preemptible.checkpoint.retention import local_steps_to_delete, steps_to_delete
 from preemptible.checkpoint.serialize import Flattened, flatten
 from preemptible.checkpoint.storage import (
     CommitMode,
     LocalStorage,
     Staging,
 )
+from preemptible.checkpoint.tiers import Uploader, check_local, list_across, load_across
 from preemptible.distributed import gloo_group
 from preemptible.errors import (
     BackgroundSaveError,
+    CheckpointNotFoundError,
     ConfigError,
     PreemptibleError,
     PreemptibleWarning,
@@ -94,6 +98,12 @@ class Checkpointer(CheckpointReader):
             process's own, as when a framework saves from rank 0 alone: saves and cleanups run
             no collectives, checkpoints hold one state, and every rank loads that one.
             Sharded tensors (DTensor) need the collective path.
+        local: a directory on this node (local disk or tmpfs) for a second, faster tier: a
+            save commits there, then a background thread uploads it to ``root``, the durable
+            tier (`tiers`). One writer only: not with sharded tensors or collective saves of
+            several ranks (yet).
+        local_keep: how many checkpoints the local tier keeps. One goes earlier once a newer
+            step is durable at ``root``; the newest and the one uploading are always kept.
     """
 
     def __init__(
@@ -110,6 +120,8 @@ class Checkpointer(CheckpointReader):
         async_mode: AsyncMode | str = AsyncMode.AUTO,
         max_staging_bytes: int | None = None,
         collective: bool = True,
+        local: str | os.PathLike[str] | None = None,
+        local_keep: int = 2,
     ):
         if keep is not None and (not isinstance(keep, int) or keep < 1):
             raise ConfigError(f"keep must be a positive integer or None (keep all), got {keep!r}")
@@ -119,6 +131,22 @@ class Checkpointer(CheckpointReader):
             raise ConfigError(f"shard_bytes must be positive, got {shard_bytes!r}")
         if stale_after_seconds <= 0:
             raise ConfigError(f"stale_after_seconds must be positive, got {stale_after_seconds!r}")
+        self._remote: Checkpointer | None = None
+        self._uploader: Uploader | None = None
+        if local is not None:
+            self._remote = Checkpointer(
+                root,
+                keep=keep,
+                keep_every=keep_every,
+                storage_options=storage_options,
+                commit_mode=commit_mode,
+                shard_bytes=shard_bytes,
+                max_workers=max_workers,
+                stale_after_seconds=stale_after_seconds,
+                collective=False,
+            )
+            root = check_local(local, self._remote.storage, local_keep)
+            storage_options = commit_mode = None
         super().__init__(
             root,
             storage_options=storage_options,
@@ -126,6 +154,18 @@ class Checkpointer(CheckpointReader):
             max_workers=max_workers,
             collective=collective,
         )
+        self.local_keep = local_keep
+        self._clean_lock = threading.Lock()  # the uploader's thread cleans the local tier too
+        if self._remote is not None:
+            self._storage = LocalStorage(self._storage.url, unique_names=True)
+            self._uploader = Uploader(
+                local=self,
+                remote=self._remote,
+                commit=self._remote._commit,
+                clean_remote=self._remote._maybe_clean_up,
+                clean_local=self._maybe_clean_up,
+                cost=self._cost,
+            )
         self.keep = keep
         self.keep_every = keep_every
         self.shard_bytes = shard_bytes
@@ -137,6 +177,103 @@ class Checkpointer(CheckpointReader):
         self._pool: ThreadPoolExecutor | None = None
         self._in_flight: SaveHandle | None = None
         self._failed: tuple[int, BaseException] | None = None
+        if self._uploader is not None:
+            self._uploader.start()
+
+    # --- two tiers (`tiers`) -----------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The root: with two tiers, the remote (durable) one."""
+        return self._remote.url if self._remote is not None else self._storage.url
+
+    @property
+    def remote(self) -> Checkpointer | None:
+        """The durable tier of a two-tier checkpointer (None with one tier), e.g. to `verify`
+        it; `verify`, `inspect` and `scan` of this checkpointer look at the local tier. Do not
+        save to it: the uploader does."""
+        return self._remote
+
+    @property
+    def local_step(self) -> int | None:
+        """The newest step committed on the local tier (with one tier: at the root)."""
+        for _, manifest in self._newest_first():
+            return manifest.step
+        return None
+
+    @property
+    def durable_step(self) -> int | None:
+        """The newest step known to be committed remotely (with one tier: at the root)."""
+        return self._uploader.durable_step if self._uploader is not None else self.local_step
+
+    def wait_durable(self, timeout: float | None = None) -> bool:
+        """Wait for the save in flight to commit (`wait`) and then, with two tiers, for every
+        committed step to be uploaded (or superseded by a newer durable one).
+
+        Returns:
+            False if ``timeout`` seconds passed before the uploads finished.
+
+        Raises:
+            BackgroundSaveError: the background save failed.
+            StorageError: the newest upload failed after its retries (raised once).
+        """
+        self.wait()
+        return self._uploader.wait_durable(timeout) if self._uploader is not None else True
+
+    def close(self, *, wait_durable: bool = True) -> None:
+        """Wait for the save in flight and, by default, for its upload; stop the uploader.
+
+        ``wait_durable=False`` leaves an upload unfinished: the local copy stays, and the
+        next checkpointer on the same local directory uploads it.
+
+        Raises:
+            BackgroundSaveError: the background save failed.
+            StorageError: the newest upload failed after its retries.
+        """
+        try:
+            self.wait()
+            if wait_durable and self._uploader is not None:
+                self._uploader.wait_durable()
+        finally:
+            if self._uploader is not None:
+                self._uploader.close(wait=wait_durable)
+
+    def _remote_or_raise(self) -> Checkpointer:
+        assert self._remote is not None, "called with two tiers only"
+        return self._remote
+
+    def list(self) -> builtins.list[CheckpointInfo]:
+        """All committed checkpoints, oldest first; with two tiers, of both (a step on both is
+        described by its local copy)."""
+        if self._remote is None:
+            return super().list()
+        return list_across(self, self._remote)
+
+    def latest(self) -> CheckpointInfo | None:
+        """The committed checkpoint with the highest step (of either tier), or None."""
+        if self._remote is None:
+            return super().latest()
+        found = self.list()
+        return found[-1] if found else None
+
+    def _load_with_fallback(
+        self,
+        step: int | None,
+        map_location: Any,
+        rank: int | None = None,
+        live: Callable[[], dict[str, Any]] | None = None,
+    ) -> tuple[int, Any] | None:
+        if self._remote is None:
+            return super()._load_with_fallback(step, map_location, rank, live)
+
+        def load(reader: CheckpointReader, dirname: str, manifest: Manifest) -> Any:
+            return reader._load_manifest(dirname, manifest, map_location, rank, live)
+
+        found = load_across(self, self._remote, step, load)
+        if found is None:
+            return None
+        self._restored_tier, loaded_step, data = found
+        return loaded_step, data
 
     # --- save --------------------------------------------------------------------------------
 
@@ -195,6 +332,8 @@ class Checkpointer(CheckpointReader):
         self.wait()  # backpressure, ordering, and the previous save's error
         flat = flatten(state)  # refuses bad input before anything touches storage
         meta = dict(metadata or {})
+        if self._remote is not None:
+            self._refuse_for_two_tiers(flat)
         # All ranks call save() at the same step, in the main thread: the place to make groups.
         group = gloo_group("checkpoint") if self._distributed() else None
         if flat.sharded:
@@ -208,6 +347,19 @@ class Checkpointer(CheckpointReader):
         if blocking:
             return self._save_now(step, flat, meta, started, group)
         return self._save_in_background(step, flat, meta, started, group)
+
+    def _refuse_for_two_tiers(self, flat: Flattened) -> None:
+        if flat.sharded:
+            raise ConfigError(
+                f"sharded tensors ({', '.join(list(flat.sharded)[:3])}) are not supported with "
+                "two tiers yet: drop local= and save to the shared root directly"
+            )
+        if self._distributed():
+            raise ConfigError(
+                "two tiers (local=) support one writer only, not a collective save of several "
+                "ranks yet: pass collective=False to a checkpointer that one rank saves with, "
+                "or drop local="
+            )
 
     def _prepare_sharded(self, flat: Flattened, group: Any) -> Any:
         if not isinstance(self._storage, LocalStorage):
@@ -321,12 +473,15 @@ class Checkpointer(CheckpointReader):
             nbytes=info.bytes,
             at=time.time(),
         )
+        if self._uploader is not None:  # before the clean-up, which then keeps it
+            self._uploader.submit(step, started)
         self._maybe_clean_up(step)
 
     def _pick_async_mode(self, flat: Flattened) -> AsyncMode:
         mode = self.async_mode
         fork_ok = (
             fork_supported()
+            and self._uploader is None  # no fork beside the uploader's thread and its locks
             and self._storage.commit_mode is CommitMode.RENAME
             and all_on_cpu(flat.arrays)
         )
@@ -353,7 +508,7 @@ class Checkpointer(CheckpointReader):
         flat: Flattened,
         metadata: dict[str, Any],
         started: float,
-        devices: list[str] | None = None,
+        devices: builtins.list[str] | None = None,
         group: Any = None,
     ) -> CheckpointInfo:
         if group is not None:
@@ -383,7 +538,7 @@ class Checkpointer(CheckpointReader):
         files: dict[str, FileRecord],
         state_file: str,
         metadata: dict[str, Any],
-        rank_state_files: list[str] | None = None,
+        rank_state_files: builtins.list[str] | None = None,
     ) -> Manifest:
         return Manifest(
             step=step,
@@ -404,7 +559,7 @@ class Checkpointer(CheckpointReader):
         flat: Flattened,
         metadata: dict[str, Any],
         started: float,
-        devices: list[str] | None = None,
+        devices: builtins.list[str] | None = None,
     ) -> tuple[str, Manifest]:
         storage = self._storage
         step_dir = step_dirname(step)
@@ -479,6 +634,20 @@ class Checkpointer(CheckpointReader):
             CheckpointNotFoundError: no checkpoint for ``step`` (or it is not committed).
         """
         check_step(step)
+        if self._remote is not None:
+            return self._discard_in_both_tiers(step)
+        return self._discard_here_if_corrupt(step)
+
+    def _discard_in_both_tiers(self, step: int) -> VerifyReport:
+        reports = []
+        for tier in (self._discard_here_if_corrupt, self._remote_or_raise().discard_if_corrupt):
+            with contextlib.suppress(CheckpointNotFoundError):
+                reports.append(tier(step))
+        if not reports:
+            raise CheckpointNotFoundError(f"no committed checkpoint for step {step} in either tier")
+        return next((r for r in reports if not r.ok), reports[0])
+
+    def _discard_here_if_corrupt(self, step: int) -> VerifyReport:
         dirname, manifest = self._committed_or_raise(step)
         problems, checked = self._problems(dirname, manifest)
         report = VerifyReport(
@@ -493,7 +662,9 @@ class Checkpointer(CheckpointReader):
                 self._discard(dirname, manifest, problems, "to start over")
         return report
 
-    def _discard(self, dirname: str, manifest: Manifest, problems: list[str], why: str) -> None:
+    def _discard(
+        self, dirname: str, manifest: Manifest, problems: builtins.list[str], why: str
+    ) -> None:
         url = self._storage.describe(dirname)
         warnings.warn(
             f"checkpoint step {manifest.step} at {url} is corrupt ({'; '.join(problems)}); "
@@ -513,21 +684,37 @@ class Checkpointer(CheckpointReader):
         if self._rank_and_world()[0] != 0:
             return  # one rank deletes; the others would race it for nothing
         try:
-            self._clean_up(saved)
+            with self._clean_lock:
+                self._clean_up(saved)
         except Exception as e:
             log.warning(
-                "checkpoint cleanup under %s failed (will retry next save): %r", self.url, e
+                "checkpoint cleanup under %s failed (will retry next save): %r",
+                self._storage.url,
+                e,
             )
 
     def _clean_up(self, saved: int | None = None) -> None:
         committed, ignored = self._scan()
         steps = [m.step for _, m in committed]
-        doomed = set(
-            steps_to_delete(steps, keep=self.keep, keep_every=self.keep_every, saved=saved)
-        )
+        if self._uploader is not None:
+            protected = self._uploader.protected() | ({saved} if saved is not None else set())
+            durable = self._uploader.durable_step
+            doomed = set(
+                local_steps_to_delete(
+                    steps, local_keep=self.local_keep, durable_step=durable, protected=protected
+                )
+            )
+        else:
+            doomed = set(
+                steps_to_delete(steps, keep=self.keep, keep_every=self.keep_every, saved=saved)
+            )
         for dirname, manifest in committed:
             if manifest.step in doomed:
-                log.info("retention: deleting checkpoint step %d under %s", manifest.step, self.url)
+                log.info(
+                    "retention: deleting checkpoint step %d under %s",
+                    manifest.step,
+                    self._storage.url,
+                )
                 self._storage.delete(dirname, uuid.uuid4().hex[:12])
         now = time.time()
         for item in ignored:

@@ -187,6 +187,11 @@ def check_file(
         actual = file_record(storage, dirname, name, on_bytes)
     except FileNotFoundError:
         return "missing"
+    return record_problem(actual, record)
+
+
+def record_problem(actual: FileRecord, record: FileRecord) -> str | None:
+    """How a file's measured size and CRC32C differ from its manifest record (None: they match)."""
     size, crc = actual.size, actual.crc32c
     if size != record.size:
         kind = "truncated" if size < record.size else "longer than recorded"
@@ -201,14 +206,18 @@ def file_record(
     dirname: str,
     name: str,
     on_bytes: Callable[[int], None] | None = None,
+    sink: Callable[[bytes], object] | None = None,
 ) -> FileRecord:
     """Size and CRC32C of a file as it is stored, streamed once (to verify it, or to record a
-    file another writer produced: DCP's)."""
+    file another writer produced: DCP's). ``sink`` gets every chunk as it is read, so a copy
+    to another store checks the very bytes it writes (`upload`)."""
     crc, size = 0, 0
     with storage.open_read(dirname, name) as f:
         while chunk := f.read(_VERIFY_CHUNK):
             crc = crc32c.crc32c(chunk, crc)
             size += len(chunk)
+            if sink is not None:
+                sink(chunk)
             if on_bytes:
                 on_bytes(len(chunk))
     return FileRecord(size=size, crc32c=crc)

@@ -82,6 +82,7 @@ class CheckpointReader:
         self.collective = collective
         self._cost = CostTracker()
         self._warned_resize = False
+        self._restored_tier: str | None = None  # two tiers: which one the last restore read
 
     # --- properties ------------------------------------------------------------------------
 
@@ -264,7 +265,7 @@ class CheckpointReader:
             return None
         loaded_step, data = result
         apply_loaded(state, data, "state", loaded_step)
-        self._cost.record_restore(time.perf_counter() - started)
+        self._cost.record_restore(time.perf_counter() - started, self._restored_tier)
         return loaded_step
 
     def _load_with_fallback(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 def steps_to_delete(
@@ -28,3 +28,28 @@ def steps_to_delete(
     if saved is not None:
         protected.add(saved)
     return [s for s in ordered if s not in protected]
+
+
+def local_steps_to_delete(
+    steps: Sequence[int],
+    *,
+    local_keep: int,
+    durable_step: int | None,
+    protected: Iterable[int] = (),
+) -> list[int]:
+    """Steps to delete from the local tier of a two-tier checkpointer.
+
+    A local step goes once a newer step is durable remotely (the local copy is then only a
+    cache of something older than what survives the node), or when it falls out of the newest
+    ``local_keep`` (an older step that is not durable yet would be skipped by the uploader,
+    which always takes the newest). Never deleted: the newest local step, and ``protected``
+    (the step being uploaded, the one waiting for upload, the one just saved), whatever the
+    arguments (`docs/internals/delete-local-only-once-durable.md`).
+    """
+    ordered = sorted(set(steps))
+    if not ordered:
+        return []
+    never = {*protected, ordered[-1]}
+    window = set(ordered[-max(local_keep, 1) :])
+    durable = -1 if durable_step is None else durable_step
+    return [s for s in ordered if s not in never and (s not in window or s < durable)]

@@ -82,6 +82,10 @@ class CheckpointStorage:
 
     url: str
     commit_mode: CommitMode
+    unique_names: bool = False
+    """Data files get a per-save suffix even under ``rename``: the local tier of a two-tier
+    checkpointer keeps the names its upload will use, so two nodes' uploads of one step never
+    share a remote file name."""
 
     def list_root(self) -> list[RootEntry]:
         raise NotImplementedError
@@ -91,7 +95,7 @@ class CheckpointStorage:
 
     def data_name(self, staging: Staging, base: str) -> str:
         """The file name to use for ``base`` in this save (unique per writer on object stores)."""
-        if self.commit_mode is CommitMode.RENAME:
+        if self.commit_mode is CommitMode.RENAME and not self.unique_names:
             return base
         stem, dot, ext = base.rpartition(".")
         return f"{stem}.{staging.nonce}{dot}{ext}" if dot else f"{base}.{staging.nonce}"
@@ -143,9 +147,10 @@ class LocalStorage(CheckpointStorage):
 
     commit_mode = CommitMode.RENAME
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, *, unique_names: bool = False):
         self.root = os.path.abspath(os.path.expanduser(root))
         self.url = self.root
+        self.unique_names = unique_names
 
     def _path(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)

@@ -98,6 +98,9 @@ class Context:
         on_no_valid_checkpoint: when committed checkpoints exist but every one fails
             verification: ``"fail"`` (the default) raises `NoValidCheckpointError`, which names
             them; ``"start_over"`` moves them aside with a warning and starts at step 0.
+        local: a local directory for a faster first tier: saves commit there and are uploaded
+            to ``checkpoint_dir`` in the background (`Checkpointer`'s ``local``).
+        local_keep: how many checkpoints the local tier keeps.
     """
 
     def __init__(
@@ -120,6 +123,8 @@ class Context:
         reporters: Reporters | None = None,
         grace_safety: float = GRACE_SAFETY,
         on_no_valid_checkpoint: str = "fail",
+        local: str | os.PathLike[str] | None = None,
+        local_keep: int = 2,
     ):
         if interval not in (None, "auto"):
             raise ConfigError(f"interval must be None or 'auto', got {interval!r}")
@@ -132,7 +137,13 @@ class Context:
         if checkpointer is None:
             if checkpoint_dir is None:
                 raise ConfigError("give a checkpoint_dir (or a Checkpointer)")
-            checkpointer = Checkpointer(checkpoint_dir, keep=keep, storage_options=storage_options)
+            checkpointer = Checkpointer(
+                checkpoint_dir,
+                keep=keep,
+                storage_options=storage_options,
+                local=local,
+                local_keep=local_keep,
+            )
         self.checkpointer = checkpointer
         self.schedule = SaveSchedule(
             every_steps=every_steps,
@@ -479,9 +490,14 @@ class Context:
             log.warning(warning)
 
     def close(self) -> None:
-        """Wait for a save in flight, remove the signal handlers, stop talking to the manager."""
+        """Wait for a save in flight (and its upload, with two tiers), remove the signal
+        handlers, stop talking to the manager."""
         try:
             self.checkpointer.wait()
+            if isinstance(self.checkpointer, Checkpointer):  # an adapter's store has no tiers
+                self.checkpointer.close()
+                if self.checkpointer.remote is not None and self.cost.upload.count:
+                    self._report()  # the last upload's time is known now
         finally:
             if self.guard.installed:
                 self.guard.uninstall()

@@ -41,7 +41,9 @@ def read_cost_file(path: str | os.PathLike[str]) -> CheckpointCost:
     The file keeps fewer numbers than `CheckpointCost`: what it does not hold (the last stall,
     the mean and p95 of restores, the sample counts of stalls and restores) reads back as 0.
     The fields `docs/maintainers/design.md` promises are required; ``save_seconds_mean``,
-    ``save_seconds_last`` and ``stall_seconds_mean`` are read when present.
+    ``save_seconds_last`` and ``stall_seconds_mean`` are read when present, and so are the
+    two-tier fields (``upload_seconds_*``, ``durable_seconds_*``, ``restore_local_seconds``,
+    ``restore_remote_seconds``, ``last_durable_*``): files without them read as one tier.
 
     Raises:
         FileNotFoundError: there is no file (yet: the trainer writes it after its first save).
@@ -74,6 +76,12 @@ def read_cost_file(path: str | os.PathLike[str]) -> CheckpointCost:
         bytes=fields.count("bytes"),
         last_checkpoint_step=fields.optional_count("last_checkpoint_step"),
         last_checkpoint_time=fields.optional_seconds("last_checkpoint_time"),
+        upload=fields.summary("upload_seconds", count_key="upload_samples"),
+        durable=fields.summary("durable_seconds", count_key="durable_samples"),
+        restore_local=fields.last_only("restore_local_seconds"),
+        restore_remote=fields.last_only("restore_remote_seconds"),
+        last_durable_step=fields.optional_count("last_durable_step", required=False),
+        last_durable_time=fields.optional_seconds("last_durable_time", required=False),
     )
 
 
@@ -89,9 +97,9 @@ class _Fields:
         got = json.dumps(self.data[key])[:40]
         return ConfigError(f"cost file {self.path}: {key!r} must be {wanted}, got {got}; {_FIX}")
 
-    def optional_seconds(self, key: str) -> float | None:
+    def optional_seconds(self, key: str, *, required: bool = True) -> float | None:
         value = self.data.get(key)
-        if value is None and key in self.data:
+        if value is None and (key in self.data or not required):
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self._bad(key, "a number of seconds or null")
@@ -107,9 +115,9 @@ class _Fields:
             raise self._bad(key, "a number of seconds")
         return value
 
-    def optional_count(self, key: str) -> int | None:
+    def optional_count(self, key: str, *, required: bool = True) -> int | None:
         value = self.data.get(key)
-        if value is None and key in self.data:
+        if value is None and (key in self.data or not required):
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise self._bad(key, "an integer >= 0 or null")
@@ -120,3 +128,21 @@ class _Fields:
         if value is None:
             raise self._bad(key, "an integer >= 0")
         return value
+
+    def summary(self, prefix: str, *, count_key: str) -> Summary:
+        """``<prefix>_last/_mean/_p95`` and a sample count, all optional (two-tier fields:
+        absent in files of single-tier jobs and of older versions, null when not measured)."""
+        p95 = self.optional_seconds(f"{prefix}_p95", required=False)
+        if p95 is None:
+            return Summary()
+        return Summary(
+            last=self.optional_seconds(f"{prefix}_last", required=False) or 0.0,
+            mean=self.optional_seconds(f"{prefix}_mean", required=False) or 0.0,
+            p95=p95,
+            count=self.optional_count(count_key, required=False) or 1,
+        )
+
+    def last_only(self, key: str) -> Summary:
+        """One optional number of seconds, as the last of one sample (absent or null: none)."""
+        value = self.optional_seconds(key, required=False)
+        return Summary() if value is None else Summary(last=value, count=1)
