@@ -19,6 +19,7 @@ consistent:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -35,6 +36,7 @@ from preemptible.runtime.deadline import GRACE_SAFETY, GraceCheck
 from preemptible.runtime.elastic import StepAgreement
 from preemptible.runtime.env import RunEnv, check_signal_setup
 from preemptible.runtime.interval import SaveSchedule
+from preemptible.runtime.last_save import LAST_SAVE_ORDER, LastSave, LastSavePlan, plan_last_save
 from preemptible.runtime.queue_link import NoticeKind, QueueLink, QueueNotice, Terms
 from preemptible.runtime.reporters import Reporters
 from preemptible.runtime.reporters import from_env as reporters_from_env
@@ -418,21 +420,42 @@ class Context:
             self._report()
 
     def _stop(self, step: int) -> None:
-        """Checkpoint the completed ``step`` and leave with the notice's exit code."""
+        """Checkpoint the completed ``step`` (when the deadline leaves time for it, `last_save`)
+        and leave with the notice's exit code."""
         resize_to = self._resize_to
         if resize_to is not None and self.run_env.rank == 0:
             log.warning("resize to %d GPUs: saving at step %d", resize_to, step)
+        plan = self._plan_last_save(step)
+        if plan is not None and self.run_env.rank == 0:
+            log.warning("%s", plan.describe())
+        saved = plan is None or plan.choice is not LastSave.NONE
         with self.guard.final_save():
-            self._save_final(step)
-            if self.queue_link is not None:  # committed: the GPUs may go on now
-                self.queue_link.ack(step, resize_to=resize_to)
+            if saved:
+                self._save_final(step)
+                if self.queue_link is not None:  # committed: the GPUs may go on now
+                    self.queue_link.ack(step, resize_to=resize_to)
         code = self._exit_code if self._exit_code is not None else self.guard.exit_code()
         code = code or 128 + signal.SIGTERM  # a programmatic notice is a preemption too
         received = self.guard.received_at
         waited = f" {time.time() - received:.2f} s after the notice" if received else ""
         what = "preempted" if resize_to is None else f"resizing to {resize_to} GPUs"
-        log.warning("%s: checkpointed step %d%s; exiting with %d", what, step, waited, code)
+        if saved:
+            log.warning("%s: checkpointed step %d%s; exiting with %d", what, step, waited, code)
+        else:
+            last = self._last_saved_step
+            on = "no checkpoint" if last is None else f"the checkpoint of step {last}"
+            log.warning("%s: not saved%s; resumes from %s; exiting with %d", what, waited, on, code)
         raise SystemExit(code)
+
+    def _plan_last_save(self, step: int) -> LastSavePlan | None:
+        """What the last save can be in the time the deadline leaves, all ranks agreeing (the
+        most cautious choice of any rank wins); None when ``step`` is saved already."""
+        if self._last_saved_step == step:
+            return None  # committed or in flight: `_save_final` waits for it
+        save = self.cost.save
+        plan = plan_last_save(self.guard.remaining(), local_save_s=save.p95 if save.count else None)
+        agreed = self._agreement.most_cautious(LAST_SAVE_ORDER.index(plan.choice))
+        return dataclasses.replace(plan, choice=LAST_SAVE_ORDER[agreed])
 
     def _report(self) -> None:
         cost = self.cost

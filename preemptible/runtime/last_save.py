@@ -17,17 +17,14 @@ A deadline unknown, or a save never measured, means "save as fast as possible" (
 without numbers there is nothing to choose from, and a save is what the notice asks for.
 
 The estimates are p95s of the job's own measurements, the numbers its grace was negotiated
-from; `EXIT_MARGIN_S` is kept back for the exit itself (an interpreter's teardown takes about a
-second on our machines, `docs/user-guide/queue-manager.md`).
+from. Nothing is kept back for the exit: once a save has committed, a kill during the exit loses
+nothing, and an upload cut off by the kill is invisible on the remote tier (its commit is last).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-
-EXIT_MARGIN_S = 1.0
-"""Seconds kept back from the deadline for the process to exit after its last save."""
 
 
 class LastSave(enum.StrEnum):
@@ -36,6 +33,10 @@ class LastSave(enum.StrEnum):
     DURABLE = "durable"
     LOCAL = "local"
     NONE = "none"
+
+
+LAST_SAVE_ORDER = (LastSave.NONE, LastSave.LOCAL, LastSave.DURABLE)
+"""From the most cautious choice to the least: ranks agree on the first any of them chose."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,11 +54,11 @@ class LastSavePlan:
 
     @property
     def upload_budget_s(self) -> float | None:
-        """How long to wait for the upload after the local commit, so that the job is gone
-        before its deadline; None: as long as it takes (no deadline known)."""
+        """How long to wait for the upload after the local commit: until the deadline; None: as
+        long as it takes (no deadline known)."""
         if self.choice is LastSave.NONE or self.left_s is None:
             return None
-        return max(0.0, self.left_s - (self.local_save_s or 0.0) - EXIT_MARGIN_S)
+        return max(0.0, self.left_s - (self.local_save_s or 0.0))
 
     def describe(self) -> str:
         """One line: the choice and the numbers."""
@@ -99,10 +100,9 @@ def plan_last_save(
 
     if left_s is None or local_save_s is None:
         return plan(LastSave.DURABLE)
-    usable = left_s - EXIT_MARGIN_S
-    if local_save_s > usable:
+    if local_save_s > left_s:
         return plan(LastSave.NONE)
-    if not two_tiers or upload_s is None or local_save_s + upload_s <= usable:
+    if not two_tiers or upload_s is None or local_save_s + upload_s <= left_s:
         return plan(LastSave.DURABLE)  # an upload never measured: try for durable
     return plan(LastSave.LOCAL)
 
