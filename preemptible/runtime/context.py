@@ -20,6 +20,7 @@ consistent:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -36,6 +37,7 @@ from preemptible.runtime.deadline import GRACE_SAFETY, GraceCheck
 from preemptible.runtime.elastic import StepAgreement
 from preemptible.runtime.env import RunEnv, check_signal_setup
 from preemptible.runtime.interval import SaveSchedule
+from preemptible.runtime.last_save import LAST_SAVE_ORDER, LastSave, LastSavePlan, plan_last_save
 from preemptible.runtime.notices import CloudNotices, parse_notices
 from preemptible.runtime.queue_link import NoticeKind, QueueLink, QueueNotice, Terms
 from preemptible.runtime.reporters import Reporters
@@ -446,23 +448,78 @@ class Context:
             self._report()
 
     def _stop(self, step: int) -> None:
-        """Checkpoint the completed ``step`` and leave with the notice's exit code."""
+        """Checkpoint the completed ``step`` (when the deadline leaves time for it, `last_save`)
+        and leave with the notice's exit code."""
         resize_to = self._resize_to
         if resize_to is not None and self.run_env.rank == 0:
             log.warning("resize to %d GPUs: saving at step %d", resize_to, step)
+        plan = self._plan_last_save(step)
+        if plan is not None and self.run_env.rank == 0:
+            log.warning("%s", plan.describe())
+        saved = plan is None or plan.choice is not LastSave.NONE
         with self.guard.final_save():
-            self._save_final(step)
-            if self.queue_link is not None:  # committed: the GPUs may go on now
-                self.queue_link.ack(step, resize_to=resize_to)
-            if self.cloud_notices is not None:  # committed: the cloud may take the VM now
+            if saved:
+                self._save_final(step)
+                if self.queue_link is not None:  # committed: the GPUs may go on now
+                    self.queue_link.ack(step, resize_to=resize_to)
+                else:  # the next attempt may run on another node: it reads the remote tier
+                    self._wait_durable(step, plan)
+            if self.cloud_notices is not None:  # done with this VM: the cloud may take it now
                 self.cloud_notices.committed(step)
         code = self._exit_code if self._exit_code is not None else self.guard.exit_code()
         code = code or 128 + signal.SIGTERM  # a programmatic notice is a preemption too
         received = self.guard.received_at
         waited = f" {time.time() - received:.2f} s after the notice" if received else ""
         what = "preempted" if resize_to is None else f"resizing to {resize_to} GPUs"
-        log.warning("%s: checkpointed step %d%s; exiting with %d", what, step, waited, code)
+        if saved:
+            log.warning("%s: checkpointed step %d%s; exiting with %d", what, step, waited, code)
+        else:
+            last = self._last_saved_step
+            on = "no checkpoint" if last is None else f"the checkpoint of step {last}"
+            log.warning("%s: not saved%s; resumes from %s; exiting with %d", what, waited, on, code)
         raise SystemExit(code)
+
+    def _wait_durable(self, step: int, plan: LastSavePlan | None) -> None:
+        """Two tiers: wait for the upload of the last save until the deadline, no longer.
+
+        Not under the queue manager: its next attempt runs on this machine and reads the local
+        tier (and uploads what is missing), so the job acks at the local commit and leaves."""
+        if not isinstance(self.checkpointer, Checkpointer) or self.checkpointer.remote is None:
+            return
+        budget = plan.upload_budget_s if plan is not None else self.guard.remaining()
+        try:
+            durable = self.checkpointer.wait_durable(timeout=budget)
+        except PreemptibleError as e:
+            durable = False
+            log.error("uploading step %d failed: %s", step, e)
+        if not durable and self.run_env.rank == 0:
+            log.warning(
+                "step %d is committed locally, not remotely (the upload did not finish before "
+                "the deadline): this node's next start resumes from it and uploads it; another "
+                "node resumes from step %s",
+                step,
+                self.checkpointer.durable_step,
+            )
+        elif durable:
+            self._report()  # the upload's time is measured now
+
+    def _plan_last_save(self, step: int) -> LastSavePlan | None:
+        """What the last save can be in the time the deadline leaves, all ranks agreeing (the
+        most cautious choice of any rank wins); None when ``step`` is saved already."""
+        if self._last_saved_step == step:
+            return None  # committed or in flight: `_save_final` waits for it
+        cost = self.cost
+        two_tiers = (
+            isinstance(self.checkpointer, Checkpointer) and self.checkpointer.remote is not None
+        )
+        plan = plan_last_save(
+            self.guard.remaining(),
+            local_save_s=cost.save.p95 if cost.save.count else None,
+            upload_s=cost.upload.p95 if cost.upload.count else None,
+            two_tiers=two_tiers,
+        )
+        agreed = self._agreement.most_cautious(LAST_SAVE_ORDER.index(plan.choice))
+        return dataclasses.replace(plan, choice=LAST_SAVE_ORDER[agreed])
 
     def _report(self) -> None:
         cost = self.cost
@@ -495,7 +552,8 @@ class Context:
         try:
             self.checkpointer.wait()
             if isinstance(self.checkpointer, Checkpointer):  # an adapter's store has no tiers
-                self.checkpointer.close()
+                # After a notice the upload had its time (`_wait_durable`): the deadline rules.
+                self.checkpointer.close(wait_durable=not self._should_stop)
                 if self.checkpointer.remote is not None and self.cost.upload.count:
                     self._report()  # the last upload's time is known now
         finally:

@@ -39,6 +39,14 @@ class StepAgreement:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=gloo_group("agreement"))
         return Agreed(bool(flags[0]), bool(flags[1]), int(flags[2]) or None)
 
+    def most_cautious(self, choice: int) -> int:
+        """The smallest of every rank's `choice` (the last save all ranks can make)."""
+        if not is_distributed():
+            return choice
+        value = torch.tensor([choice], dtype=torch.int64)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=gloo_group("agreement"))
+        return int(value[0])
+
     def restored(self, step: int | None, none_valid: bool) -> tuple[int | None, int | None, bool]:
         """What the ranks restored, in one all-reduce: the step every rank can restore (the
         oldest; None if any rank has none), the newest, and whether any rank found committed
