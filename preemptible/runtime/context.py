@@ -429,9 +429,12 @@ class Context:
         result = self.checkpointer.save(step, self._state(), blocking=blocking)
         self._last_saved_step = step
         self._last_save_at = time.monotonic()
-        if blocking:
+        # The save waited for the one before it: report that one now, or, when saves take
+        # longer than the interval between them, no boundary would ever see one done.
+        earlier, self._unreported = self._unreported, None
+        if blocking or (earlier is not None and earlier.done()):
             self._report()
-        else:
+        if not blocking:
             self._unreported = result
 
     def _save_final(self, step: int) -> None:
