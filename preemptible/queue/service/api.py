@@ -154,6 +154,9 @@ class CostBody(BaseModel):
     save_seconds_p95: Annotated[float, Field(ge=0, le=_WEEK_S), _NUMBER] | None = None
     stall_seconds_p95: Annotated[float, Field(ge=0, le=_WEEK_S), _NUMBER] | None = None
     restore_seconds: Annotated[float, Field(ge=0, le=_WEEK_S), _NUMBER] | None = None
+    upload_seconds_p95: Annotated[float, Field(ge=0, le=_WEEK_S), _NUMBER] | None = None
+    """Two tiers: the upload after the local commit that `save_seconds_p95` measures. Shown,
+    not negotiated: the next attempt runs on this machine and reads the local tier."""
     bytes: Annotated[int, Field(ge=0, le=MAX_INT), _NUMBER] | None = None
     last_checkpoint_step: Annotated[int, Field(ge=0, le=MAX_INT), _NUMBER] | None = None
     last_checkpoint_time: Annotated[float, Field(ge=0), _NUMBER] | None = None

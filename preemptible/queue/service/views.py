@@ -104,6 +104,8 @@ class CostView:
     save_seconds_p95: float | None = None
     stall_seconds_p95: float | None = None
     restore_seconds: float | None = None
+    upload_seconds_p95: float | None = None
+    """Two tiers: the upload after the local commit (`save_seconds_p95`); not negotiated."""
     bytes: int | None = None
     last_checkpoint_step: int | None = None
     last_checkpoint_time: float | None = None

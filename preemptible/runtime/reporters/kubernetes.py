@@ -46,6 +46,8 @@ def cost_annotations(cost: CheckpointCost, prefix: str = DEFAULT_PREFIX) -> dict
         "restore-seconds": f"{cost.restore.last:.3f}",
         "checkpoint-bytes": str(cost.bytes),
     }
+    if cost.upload.count:  # two tiers: the save above is the local commit, this the upload
+        values["upload-seconds-p95"] = f"{cost.upload.p95:.3f}"
     if cost.last_checkpoint_time is not None:
         at = datetime.fromtimestamp(cost.last_checkpoint_time, UTC)
         values["last-checkpoint-time"] = at.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -138,6 +140,7 @@ class PodAnnotations:
             return 0.0
         pairs = (
             (sent.save.p95, cost.save.p95),
+            (sent.upload.p95, cost.upload.p95),
             (sent.restore.last, cost.restore.last),
             (float(sent.bytes), float(cost.bytes)),
         )

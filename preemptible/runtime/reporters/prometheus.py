@@ -31,7 +31,12 @@ class PrometheusGauges:
         self._server: Any = None
         self.save_seconds = Gauge(
             "preemptible_save_seconds",
-            "p95 seconds from the start of a save until the checkpoint is durable",
+            "p95 seconds from the start of a save until it has committed (two tiers: locally)",
+            registry=self.registry,
+        )
+        self.upload_seconds = Gauge(
+            "preemptible_upload_seconds",
+            "p95 seconds to upload a locally committed checkpoint to the remote tier",
             registry=self.registry,
         )
         self.restore_seconds = Gauge(
@@ -67,6 +72,8 @@ class PrometheusGauges:
 
     def report(self, cost: CheckpointCost) -> None:
         self.save_seconds.set(cost.save.p95)
+        if cost.upload.count:
+            self.upload_seconds.set(cost.upload.p95)
         self.restore_seconds.set(cost.restore.last)
         self.checkpoint_bytes.set(cost.bytes)
         if cost.last_checkpoint_time is not None:

@@ -31,6 +31,8 @@ def comment(cost: CheckpointCost) -> str:
         f"restore_s={cost.restore.last:.3f}",
         f"bytes={cost.bytes}",
     ]
+    if cost.upload.count:  # two tiers: save_p95_s is the local commit, this the upload
+        parts.append(f"upload_p95_s={cost.upload.p95:.3f}")
     if cost.last_checkpoint_step is not None:
         parts.append(f"step={cost.last_checkpoint_step}")
     if cost.last_checkpoint_time is not None:

@@ -305,3 +305,20 @@ def test_a_context_hands_each_measured_cost_to_its_reporters_and_closes_them(
         assert reporters.flush()
     assert sink.costs and sink.costs[-1].save.count >= 1
     assert sink.closed
+
+
+def test_two_tiers_report_the_upload_beside_the_local_save() -> None:
+    import dataclasses
+
+    from preemptible.runtime.reporters.kubernetes import cost_annotations
+    from preemptible.runtime.reporters.slurm import comment
+
+    one_tier = make_cost()
+    assert "preemptible.dev/upload-seconds-p95" not in cost_annotations(one_tier)
+    assert "upload" not in comment(one_tier)
+    two_tiers = dataclasses.replace(one_tier, upload=Summary(last=7.0, mean=7.0, p95=7.25, count=2))
+    assert cost_annotations(two_tiers)["preemptible.dev/upload-seconds-p95"] == "7.250"
+    assert "save_p95_s=2.000 restore_s=1.500 bytes=1000 upload_p95_s=7.250" in comment(two_tiers)
+    gauges = PrometheusGauges()
+    gauges.report(two_tiers)
+    assert "preemptible_upload_seconds 7.25" in gauges.text()

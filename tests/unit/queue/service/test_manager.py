@@ -438,6 +438,20 @@ def test_a_cost_report_logs_new_terms_once_and_counts_its_checkpoint(tmp_path):
     until(m, lambda: state_of(m, job.id) is JobState.CANCELLED)
 
 
+def test_two_tiers_negotiate_from_the_local_save_and_show_the_upload(tmp_path):
+    # On one machine the next attempt reads the local tier: the upload changes no term.
+    m = manager(tmp_path / "state")
+    job = submit(m, "a", SAVER, cwd=tmp_path)
+    running(m, job.id)
+    one_tier = m.report_cost(job.id, CostView(save_seconds_p95=1.0, restore_seconds=0.5))
+    two_tiers = CostView(save_seconds_p95=1.0, restore_seconds=0.5, upload_seconds_p95=300.0)
+    assert m.report_cost(job.id, two_tiers) == one_tier
+    assert m.get_job(job.id).cost.upload_seconds_p95 == 300.0
+    assert m.jobs[job.id].to_doc()["cost"]["upload_seconds_p95"] == 300.0  # what the store keeps
+    m.cancel(job.id)
+    until(m, lambda: state_of(m, job.id) is JobState.CANCELLED)
+
+
 def test_a_week_long_cost_claim_is_preempted_after_a_bounded_minimum_runtime(tmp_path):
     # One GPU, one queue: the high-tier job can only take the low one by tier preemption, which
     # waits out the victim's minimum runtime. The claim is a week of save and of restore; the
