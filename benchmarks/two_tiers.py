@@ -281,20 +281,28 @@ def report_restore(rows: list[dict[str, float]], size: int, repeat: int, cold: b
         print(f"{name:40} {t:8.3f} {gb / t:7.2f} {t / local:16.2f}x")
 
 
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--size-gib", type=float, default=1.0, help="state size (default 1)")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=_Help)
+    parser.add_argument("--size-gib", type=float, default=1.0, help="state size in GiB")
     parser.add_argument("--repeat", type=int, default=3, help="runs per method (median)")
-    parser.add_argument("--server", choices=["moto", "seaweedfs"], default="moto")
-    parser.add_argument("--dir", default=None, help="local tier's parent (default: a temp dir)")
+    parser.add_argument(
+        "--server", choices=["moto", "seaweedfs"], default="moto", help="the S3 server"
+    )
+    parser.add_argument("--dir", default=None, help="local tier's parent (None: a temp dir)")
     parser.add_argument("--steps", type=int, default=45, help="steps of the periodic loop")
     parser.add_argument("--every", type=int, default=15, help="a save every N steps")
     parser.add_argument("--matmul", type=int, default=2048, help="the fake step's matrix size")
     parser.add_argument("--cold", action="store_true", help="drop the page cache before restores")
     parser.add_argument(
-        "--skip", action="append", default=[], choices=["notice", "periodic", "restore"]
+        "--skip",
+        action="append",
+        default=[],
+        choices=["notice", "periodic", "restore"],
+        help="leave a part out (repeatable); restore reads what notice saved",
     )
     args = parser.parse_args()
     if "notice" in args.skip and "restore" not in args.skip:
