@@ -9,6 +9,7 @@ to over HTTP by s3fs as a training job would. The state is the mixed 1 GiB of sa
    * disk write     the state's bytes written to files in the local dir + fsync, by 1 and by 4
                     threads (raw-1 / raw-4 of save_restore.py): the disk's own write time is the
                     faster of the two
+   * local only     Checkpointer(DIR).save(step, state): one tier, on the same disk
    * two tiers      Checkpointer(remote, local=DIR).save(step, state): "committed locally" when
                     save returns, "durable remotely" when wait_durable() returns
    * remote only    Checkpointer(remote).save(step, state), blocking: durable when it returns
@@ -63,6 +64,21 @@ from preemptible import Checkpointer
 from tests.s3servers import S3Server, start_moto, start_seaweedfs
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+
+_signalled: list[int] = []
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    _signalled.append(signum)
+    raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+
+
+def check_signal() -> None:
+    """Raise again a Ctrl-C or SIGTERM that arrived while ``save`` waited for the previous
+    save: Checkpointer.wait swallows any exception of that wait, KeyboardInterrupt included."""
+    if _signalled:
+        _on_signal(_signalled[-1], None)
 
 
 def loadavg() -> str:
@@ -138,6 +154,17 @@ def notice_two_tiers(b: Bench) -> dict[str, float]:
     return {"local": local, "durable": durable}
 
 
+def notice_local_only(b: Bench) -> dict[str, float]:
+    out = b.local()
+    ckpt = Checkpointer(out / "ckpt", keep=1)
+    os.sync()
+    t0 = time.perf_counter()
+    ckpt.save(1, b.state)
+    t = time.perf_counter() - t0
+    shutil.rmtree(out)
+    return {"local": t}
+
+
 def notice_remote_only(b: Bench) -> dict[str, float]:
     url = b.remote()
     ckpt = b.ckpt(url, keep=1)
@@ -185,6 +212,7 @@ def loop(b: Bench, args: argparse.Namespace, ckpt: Checkpointer | None) -> dict[
             s0 = time.perf_counter()
             ckpt.save(i, b.state, blocking=False)
             stalls.append(time.perf_counter() - s0)
+            check_signal()
     row: dict[str, Any] = {"loop": time.perf_counter() - t0, "stalls": stalls}
     if ckpt is not None:
         assert ckpt.wait_durable(), "the upload did not finish"
@@ -225,6 +253,7 @@ def report_notice(rows: dict[str, list[dict[str, float]]], size: int, repeat: in
     table = [
         ("disk write, raw-1 (1 file, fsync)", med(rows["raw-1"], "disk")),
         ("disk write, raw-4 (4 files, fsync)", med(rows["raw-4"], "disk")),
+        ("local only: blocking save (one tier)", med(rows["local only"], "local")),
         ("two tiers: committed locally", local),
         ("two tiers: durable remotely", durable),
         ("remote only: blocking save (durable)", remote),
@@ -236,6 +265,8 @@ def report_notice(rows: dict[str, list[dict[str, float]]], size: int, repeat: in
         f"local commit / disk write = {local / disk:.2f} (goal <= 1.20: {ok}); the loop"
         f" resumes {remote / local:.1f}x sooner than with remote only"
     )
+    one = med(rows["local only"], "local")
+    print(f"two tiers' local commit / one tier's save on the same disk = {local / one:.2f}")
     print(f"durable remotely / remote only = {durable / remote:.2f} (the detour through the disk)")
 
 
@@ -307,8 +338,8 @@ def main() -> None:
     args = parser.parse_args()
     if "notice" in args.skip and "restore" not in args.skip:
         parser.error("restore reads the checkpoint of the notice part: skip both or neither")
-    # SIGTERM too runs the clean-up below (Ctrl-C raises KeyboardInterrupt already).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    for signum in (signal.SIGINT, signal.SIGTERM):  # both run the clean-up below
+        signal.signal(signum, _on_signal)
 
     print(f"load average at start: {loadavg()} (1, 5, 15 min); {os.cpu_count()} CPUs")
     parent = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
@@ -329,6 +360,7 @@ def main() -> None:
         notice: dict[str, Callable[[Bench], dict[str, float]]] = {
             "raw-1": lambda b: notice_disk(b, save_raw),
             "raw-4": lambda b: notice_disk(b, save_raw_parallel),
+            "local only": notice_local_only,
             "two tiers": notice_two_tiers,
             "remote only": notice_remote_only,
         }
@@ -344,6 +376,7 @@ def main() -> None:
                 names = list(notice)
                 for name in names[rep % len(names) :] + names[: rep % len(names)]:
                     n_rows[name].append(notice[name](bench))
+                    check_signal()
                     if name == "two tiers" and "restore" not in args.skip:
                         r_rows.append(restore(bench, args.cold))
                     elif name == "two tiers" and bench.restore_from is not None:
@@ -352,6 +385,7 @@ def main() -> None:
                 names = list(p_rows)
                 for name in names[rep % len(names) :] + names[: rep % len(names)]:
                     p_rows[name].append(periodic(bench, args, name))
+                    check_signal()
             print(f"  run {rep + 1}/{args.repeat} done (load average {loadavg()})", flush=True)
         if "notice" not in args.skip:
             report_notice(n_rows, size, args.repeat)
