@@ -378,10 +378,13 @@ class Checkpointer(CheckpointReader):
         Raises:
             BackgroundSaveError: the background save failed (raised once, here or on save()).
         """
-        handle, self._in_flight = self._in_flight, None
+        handle = self._in_flight
         if handle is not None:
-            with contextlib.suppress(BaseException):  # recorded in _failed by the task itself
+            # The task records its own error in _failed. A Ctrl-C while waiting is the
+            # caller's: it propagates, and the save, still in flight, is waited for next time.
+            with contextlib.suppress(Exception):
                 handle.wait()
+            self._in_flight = None
         failed, self._failed = self._failed, None
         if failed is not None:
             step, error = failed

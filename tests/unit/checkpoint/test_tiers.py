@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 import uuid
 
@@ -100,6 +102,22 @@ def test_bad_two_tier_arguments_raise_config_error_saying_what_to_do(
         Checkpointer(
             remote.format(tmp=tmp_path), local=local.format(tmp=tmp_path), local_keep=local_keep
         )
+
+
+def test_ctrl_c_while_waiting_for_a_background_save_reaches_the_caller():
+    # One tier on the slow filesystem: wait() blocks on a save of 8+ slow writes. A real SIGINT
+    # from another thread must raise KeyboardInterrupt there, not vanish (it once did).
+    ckpt = Checkpointer(f"slow://run-{uuid.uuid4().hex}", shard_bytes=64 << 10)
+    ckpt.save(0, make_state(0, mib=0.5), blocking=False)
+    timer = threading.Timer(WRITE_DELAY_S, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.wait()
+    assert time.perf_counter() - started < 8 * WRITE_DELAY_S  # before the save could finish
+    timer.join()
+    ckpt.close()  # the save runs on and commits: nothing half-written is left behind
+    assert ckpt.latest() is not None and ckpt.verify(0).ok
 
 
 def test_local_commit_returns_at_once_while_a_slow_upload_lags_and_the_copy_stays(tmp_path):
