@@ -317,11 +317,11 @@ def train_with(
 
 def test_a_managers_notice_stops_the_loop_saves_and_acks_the_step(manager, tmp_path) -> None:
     state, url = manager
-    deadline = time.time() + 60
+    deadline = time.time() + 30  # sooner than the 40 s grace of the terms a cost report gets
 
     def notice_at(ctx: Context, step: int) -> None:
         if step == 2:
-            state.notice = {"reason": "reclaimed", "grace_s": 60.0, "deadline": deadline}
+            state.notice = {"reason": "reclaimed", "grace_s": 30.0, "deadline": deadline}
             state.notice_set.set()
             # The watcher's poll returns with it.
             wait_until(lambda: ctx.guard.requested, "the guard's request", timeout=10)
