@@ -22,7 +22,7 @@ from tests.s3servers import free_port
 REPO = Path(__file__).parents[2]
 SCRIPT = Path(__file__).parent / "scripts" / "tiers_torchrun_train.py"
 NOTICE_EXIT = 143
-STOPPED = re.compile(r"^rank (\d) stopped at step (\d+) durable (\w+)$", re.MULTILINE)
+STOPPED = re.compile(r"rank (\d) stopped at step (\d+) durable (\w+)\n")
 RESUMED = re.compile(r"rank (\d) resumed from (\d+) weight ([\d.]+)\n")
 
 
@@ -63,7 +63,7 @@ def test_a_torchrun_job_saves_both_ranks_locally_uploads_once_and_resumes_from_e
     remote, local = tmp_path / "remote", tmp_path / "local"
     # 1. Train past a few saves, then a SIGTERM: both ranks stop at one step, saved and uploaded.
     job = start(remote, local)
-    job.until(r"^rank 1 step 8$")
+    job.until(r"rank 1 step 8\b")
     os.kill(job.proc.pid, signal.SIGTERM)
     code, out = job.finish()
     # torchrun dies of its own SIGTERM (a SignalException, 1) after both workers exited 143.

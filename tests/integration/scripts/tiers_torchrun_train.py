@@ -47,7 +47,8 @@ def main() -> None:
                         sys.stdout.write(f"rank {rank} {origin}\n")  # one write: no interleaving
                         sys.stdout.flush()
                     model.weight.data.add_(1.0)
-                    print(f"rank {rank} step {step}", flush=True)
+                    sys.stdout.write(f"rank {rank} step {step}\n")
+                    sys.stdout.flush()
                     time.sleep(0.05)
             except SystemExit:
                 # One write, so that two ranks' lines never interleave (print writes twice).
