@@ -25,6 +25,8 @@ __all__ = [
     "gloo_group",
     "init_process_group",
     "is_distributed",
+    "launch_rank",
+    "local_world_size",
     "rank_and_world",
 ]
 
@@ -75,6 +77,24 @@ def rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def launch_rank() -> int:
+    """This rank: the process group's, else the launcher's ``RANK``, which torchrun sets before
+    the script creates the group (0 when neither says)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return _env_int("RANK") or 0
+
+
+def local_world_size() -> int | None:
+    """Ranks on this node, as the launcher says (torchrun's ``LOCAL_WORLD_SIZE``); None if unset."""
+    return _env_int("LOCAL_WORLD_SIZE")
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw.isdigit() else None
 
 
 def gloo_group(purpose: str) -> Any:

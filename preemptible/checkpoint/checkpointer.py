@@ -59,8 +59,14 @@ from preemptible.checkpoint.storage import (
     LocalStorage,
     Staging,
 )
-from preemptible.checkpoint.tiers import Uploader, check_local, list_across, load_across
-from preemptible.distributed import gloo_group
+from preemptible.checkpoint.tiers import (
+    Uploader,
+    check_local,
+    check_one_node,
+    list_across,
+    load_across,
+)
+from preemptible.distributed import gloo_group, launch_rank
 from preemptible.errors import (
     BackgroundSaveError,
     CheckpointNotFoundError,
@@ -100,8 +106,8 @@ class Checkpointer(CheckpointReader):
             Sharded tensors (DTensor) need the collective path.
         local: a directory on this node (local disk or tmpfs) for a second, faster tier: a
             save commits there, then a background thread uploads it to ``root``, the durable
-            tier (`tiers`). One writer only: not with sharded tensors or collective saves of
-            several ranks (yet).
+            tier (`tiers`). A collective save of several ranks needs them all on one node,
+            given the same ``local``; rank 0 alone uploads. Not with sharded tensors (yet).
         local_keep: how many checkpoints the local tier keeps. One goes earlier once a newer
             step is durable at ``root``; the newest and the one uploading are always kept.
     """
@@ -143,7 +149,7 @@ class Checkpointer(CheckpointReader):
                 shard_bytes=shard_bytes,
                 max_workers=max_workers,
                 stale_after_seconds=stale_after_seconds,
-                collective=False,
+                collective=collective,  # each rank restores its own state from it too
             )
             root = check_local(local, self._remote.storage, local_keep)
             storage_options = commit_mode = None
@@ -156,8 +162,12 @@ class Checkpointer(CheckpointReader):
         )
         self.local_keep = local_keep
         self._clean_lock = threading.Lock()  # the uploader's thread cleans the local tier too
+        self._one_node_checked = False
         if self._remote is not None:
             self._storage = LocalStorage(self._storage.url, unique_names=True)
+        # In a collective save rank 0 commits, so it alone uploads; `launch_rank` because the
+        # process group may not exist yet (`_refuse_for_two_tiers` checks it again).
+        if self._remote is not None and (not collective or launch_rank() == 0):
             self._uploader = Uploader(
                 local=self,
                 remote=self._remote,
@@ -203,12 +213,20 @@ class Checkpointer(CheckpointReader):
 
     @property
     def durable_step(self) -> int | None:
-        """The newest step known to be committed remotely (with one tier: at the root)."""
-        return self._uploader.durable_step if self._uploader is not None else self.local_step
+        """The newest step known to be committed remotely (with one tier: at the root).
+
+        With two tiers only the uploading process knows: rank 0 of a collective save. The
+        other ranks say None (unknown)."""
+        if self._uploader is not None:
+            return self._uploader.durable_step
+        return None if self._remote is not None else self.local_step
 
     def wait_durable(self, timeout: float | None = None) -> bool:
         """Wait for the save in flight to commit (`wait`) and then, with two tiers, for every
         committed step to be uploaded (or superseded by a newer durable one).
+
+        In a collective two-tier save rank 0 alone uploads and waits; the other ranks wait
+        for their part of the save only and return True at once.
 
         Returns:
             False if ``timeout`` seconds passed before the uploads finished.
@@ -332,10 +350,10 @@ class Checkpointer(CheckpointReader):
         self.wait()  # backpressure, ordering, and the previous save's error
         flat = flatten(state)  # refuses bad input before anything touches storage
         meta = dict(metadata or {})
-        if self._remote is not None:
-            self._refuse_for_two_tiers(flat)
         # All ranks call save() at the same step, in the main thread: the place to make groups.
         group = gloo_group("checkpoint") if self._distributed() else None
+        if self._remote is not None:
+            self._refuse_for_two_tiers(flat, group)
         if flat.sharded:
             if not self.collective:
                 raise ConfigError(
@@ -348,18 +366,24 @@ class Checkpointer(CheckpointReader):
             return self._save_now(step, flat, meta, started, group)
         return self._save_in_background(step, flat, meta, started, group)
 
-    def _refuse_for_two_tiers(self, flat: Flattened) -> None:
+    def _refuse_for_two_tiers(self, flat: Flattened, group: Any) -> None:
         if flat.sharded:
             raise ConfigError(
                 f"sharded tensors ({', '.join(list(flat.sharded)[:3])}) are not supported with "
-                "two tiers yet: drop local= and save to the shared root directly"
+                "two tiers yet (replicated and per-rank state are, on one node): drop local= "
+                "and save to the shared root directly"
             )
-        if self._distributed():
-            raise ConfigError(
-                "two tiers (local=) support one writer only, not a collective save of several "
-                "ranks yet: pass collective=False to a checkpointer that one rank saves with, "
-                "or drop local="
-            )
+        if group is None:
+            if self._uploader is None:
+                raise ConfigError(
+                    f"this process is rank {launch_rank()} (RANK) but saves alone, outside a "
+                    "process group, so nothing would upload its saves: create the process "
+                    "group before the checkpointer, or pass collective=False"
+                )
+            return
+        if not self._one_node_checked:  # the same answer on every rank: all raise or none
+            check_one_node(self._storage.url, group, uploads=self._uploader is not None)
+            self._one_node_checked = True
 
     def _prepare_sharded(self, flat: Flattened, group: Any) -> Any:
         if not isinstance(self._storage, LocalStorage):

@@ -14,6 +14,12 @@ was rejected (the loop would wait for the slower one), and so was a second seria
 the upload (the local files are what the remote must hold: `upload`).
 
 Restores read the newest valid checkpoint of either tier, the local copy first on a tie.
+
+A collective save of several ranks works with two tiers when every rank runs on one node and
+shares the local directory (`check_one_node`): each rank writes its files there, rank 0
+commits the manifest, and rank 0 alone runs the uploader, which copies all ranks' files. Across
+nodes there is no directory every rank writes and one uploader reads, so that is refused
+rather than given one uploader per node (several partial copies of one step to reconcile).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import builtins
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
@@ -29,12 +36,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch.distributed as dist
+
 from preemptible.checkpoint.manifest import Manifest, step_dirname
 from preemptible.checkpoint.reader import CheckpointReader, no_valid_checkpoint
 from preemptible.checkpoint.records import CheckpointInfo
 from preemptible.checkpoint.stats import CostTracker
 from preemptible.checkpoint.storage import CheckpointStorage, LocalStorage, Staging, open_storage
 from preemptible.checkpoint.upload import Commit, upload_step
+from preemptible.distributed import local_world_size
 from preemptible.errors import (
     CheckpointCorruptedError,
     CheckpointFormatError,
@@ -421,3 +431,65 @@ def check_local(local: str | os.PathLike[str], remote: CheckpointStorage, local_
                 "disk, or drop local= to save to the root alone"
             )
     return storage.root
+
+
+# --- collective saves: every rank on one node -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankPlace:
+    """Where one rank of a collective two-tier save runs and writes."""
+
+    host: str
+    local: str
+    """The local tier's real path."""
+    local_world_size: int | None
+    """Ranks on its node, as the launcher says (``LOCAL_WORLD_SIZE``); None if unset."""
+    uploads: bool
+    """It runs an uploader (it took itself for rank 0 when the checkpointer was made)."""
+
+
+def one_node_problem(places: builtins.list[RankPlace]) -> str | None:
+    """Why these ranks (one `RankPlace` per rank) cannot share one local tier; None if they can."""
+    world = len(places)
+    sizes = sorted({p.local_world_size for p in places if p.local_world_size is not None})
+    if sizes and sizes[0] < world:
+        return f"the job spans several nodes (WORLD_SIZE={world}, LOCAL_WORLD_SIZE={sizes[0]})"
+    hosts = sorted({p.host for p in places})
+    if len(hosts) > 1:
+        return f"the ranks run on {len(hosts)} hosts ({', '.join(hosts[:3])})"
+    dirs = sorted({p.local for p in places})
+    if len(dirs) > 1:
+        return f"the ranks were given {len(dirs)} local directories ({', '.join(dirs[:3])})"
+    uploaders = [rank for rank, p in enumerate(places) if p.uploads]
+    if uploaders != [0]:
+        return (
+            f"ranks {uploaders} upload instead of rank 0 alone (the checkpointer took its rank "
+            "from RANK before the process group existed: create it after init_process_group)"
+        )
+    return None
+
+
+def check_one_node(local_root: str, group: Any, *, uploads: bool) -> None:
+    """Refuse a collective two-tier save unless every rank is on one node with one local tier.
+
+    All ranks call it (it gathers over ``group``) and all raise alike. ``uploads``: whether
+    this rank runs an uploader (rank 0 alone must).
+
+    Raises:
+        ConfigError: the ranks span several nodes or were given different local directories.
+    """
+    mine = RankPlace(
+        socket.gethostname(), os.path.realpath(local_root), local_world_size(), uploads
+    )
+    places: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(places, mine, group=group)
+    problem = one_node_problem(places)
+    if problem is not None:
+        raise ConfigError(
+            f"two tiers (local=) with a collective save of several ranks need every rank on "
+            f"one node, all given the same local directory, but {problem}. Supported: one "
+            "process, or every rank of a single-node job (torchrun --nnodes=1). For a job "
+            "over several nodes drop local= and save to the shared root directly, or pass "
+            "collective=False to a checkpointer that one rank saves with"
+        )
