@@ -16,6 +16,11 @@
   the batches already trained on (``skip_first_batches``) with the data order of the
   interrupted epoch replayed from its RNG states, so the result is bitwise the same.
 
+Two tiers (``local=``): each ``checkpoint_{i}`` is a two-tier `Checkpointer` whose local tier is
+``local/checkpoint_{i}``, the same layout on a node-local disk; the save returns after the local
+commit and a background thread uploads it. One process only for now: the two-tier store has one
+writer, and every process writes its own state.
+
 Why a wrapper and not a subclass of ``Accelerator``: the user's ``Accelerator(...)`` line and its
 process-wide state stay exactly theirs, we do not re-declare a constructor that changes with
 every Accelerate release, and the methods whose meaning changes are the ones this class
@@ -27,6 +32,8 @@ below as its checkpointer through its methods for loops it does not run (``start
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -50,7 +57,9 @@ from preemptible import (
     Context,
     CostTracker,
     NoValidCheckpointError,
+    PreemptibleError,
     RNGState,
+    StorageError,
     forget_process_groups,
 )
 
@@ -105,10 +114,15 @@ class PreemptibleAccelerator:
             ``"fail"`` (the default) raises `NoValidCheckpointError`, which names them;
             ``"start_over"`` starts at step 0 (new saves take new numbers; ``total_limit``
             deletes the corrupt ones, oldest first).
+        local: a directory on this node (local disk or tmpfs) for a first tier: ``save_state``
+            returns once ``local/checkpoint_{i}`` has committed and a background thread uploads
+            it to ``checkpoint_{i}``; `close` waits for the uploads, a notice until its deadline.
+            One process only (yet).
 
     Raises:
-        ConfigError: no place for checkpoints, a ``total_limit`` below 1, or a distributed type
-            this adapter does not support (DeepSpeed, FSDP, Megatron-LM, XLA).
+        ConfigError: no place for checkpoints, a ``total_limit`` below 1, a distributed type
+            this adapter does not support (DeepSpeed, FSDP, Megatron-LM, XLA), or ``local``
+            with several processes.
     """
 
     def __init__(
@@ -121,8 +135,15 @@ class PreemptibleAccelerator:
         signals: tuple[int, ...] | None = None,
         cost_file: str | os.PathLike[str] | None = None,
         on_no_valid_checkpoint: str = "fail",
+        local: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_distributed_type(accelerator)
+        if local is not None and int(accelerator.num_processes) > 1:
+            raise ConfigError(
+                f"local= supports one process yet, this run has {accelerator.num_processes}: "
+                "a two-tier checkpoint has one writer, and every process writes its own state. "
+                "Drop local= to save to the checkpoint folder directly"
+            )
         config = accelerator.project_configuration
         self.accelerator = accelerator
         self.store = _Store(
@@ -132,6 +153,7 @@ class PreemptibleAccelerator:
             main_process=bool(accelerator.is_main_process),
             processes=int(accelerator.num_processes),
             first_index=int(config.iteration or 0),
+            local=None if local is None else os.fspath(local),
         )
         options: dict[str, Any] = {} if signals is None else {"signals": tuple(signals)}
         self.context = Context(
@@ -277,6 +299,7 @@ class PreemptibleAccelerator:
         try:
             self.context.step_done(self._loop.global_step)
         except SystemExit:  # the notice's exit, after the save
+            self.store.finish_after_notice(self.context.guard.remaining())
             self._end_process_group()
             raise
 
@@ -374,8 +397,15 @@ class PreemptibleAccelerator:
         self.accelerator.project_configuration.iteration = self.store.next_index
 
     def close(self) -> None:
-        """Remove the signal handlers and give the accelerator its own methods back."""
+        """Wait for the uploads (``local=``), remove the signal handlers and give the
+        accelerator its own methods back.
+
+        Raises:
+            StorageError: with ``local=``, an upload failed after its retries: the checkpoint
+                is on this node's local tier only.
+        """
         try:
+            self.store.close()
             self.context.close()
         finally:
             for name, method in self._routed.items():
@@ -486,8 +516,11 @@ class _Store:
         main_process: bool,
         processes: int,
         first_index: int,
+        local: str | None = None,
     ) -> None:
         self.root = root.rstrip("/") if "://" in root else os.path.abspath(root)
+        self.local = None if local is None else os.path.abspath(local)
+        self._tiered: dict[str, Checkpointer] = {}  # url -> its two-tier store, while open
         self.total_limit = total_limit
         self.storage_options = dict(storage_options or {})
         self.main_process = main_process
@@ -515,14 +548,107 @@ class _Store:
     def _open(self, url: str) -> Checkpointer:
         return Checkpointer(url, keep=1, storage_options=self.storage_options or None)
 
+    def _local_copy(self, url: str) -> str:
+        """The local tier of ``url``: ``local/checkpoint_{i}`` for ``checkpoint_{i}``, else the
+        folder's name and a hash of its URL (``save_state(output_dir)``)."""
+        assert self.local is not None, "called with local= only"
+        name = url.rstrip("/").rsplit("/", 1)[-1]
+        if url == self._child(name) and _NAME.match(name):
+            return os.path.join(self.local, name)
+        digest = hashlib.sha256(url.encode()).hexdigest()[:12]
+        return os.path.join(self.local, f"{re.sub(r'[^A-Za-z0-9._=-]', '_', name)}-{digest}")
+
+    def _copies(self, url: str) -> list[Checkpointer]:
+        """One-tier readers of ``url``: the local copy first (``local=``), then the remote."""
+        remote = self._open(url)
+        if self.local is None:
+            return [remote]
+        return [Checkpointer(self._local_copy(url), keep=1, collective=False), remote]
+
+    def _tiered_store(self, url: str) -> Checkpointer:
+        """The two-tier store of ``url``, opened once and kept until its uploads are done."""
+        assert self.local is not None, "called with local= only"
+        store = self._tiered.get(url)
+        if store is None:
+            store = Checkpointer(
+                url,
+                keep=1,
+                storage_options=self.storage_options or None,
+                collective=False,
+                local=self._local_copy(url),
+                local_keep=1,
+            )
+            self._tiered[url] = store
+        return store
+
     def _folders(self) -> list[tuple[int, str]]:
-        """``(i, url)`` of every ``checkpoint_{i}`` folder, oldest first."""
-        found = [
-            (int(m.group(1)), n)
-            for n in _names(self.root, self.storage_options)
-            if (m := _NAME.match(n))
-        ]
+        """``(i, url)`` of every ``checkpoint_{i}`` folder of either tier, oldest first."""
+        names = set(_names(self.root, self.storage_options))
+        if self.local is not None and os.path.isdir(self.local):
+            names |= set(os.listdir(self.local))
+        found = [(int(m.group(1)), n) for n in names if (m := _NAME.match(n))]
         return [(i, self._child(n)) for i, n in sorted(found)]
+
+    # --- two tiers ----------------------------------------------------------------------------
+
+    def close(self, *, wait_durable: bool = True) -> None:
+        """Wait for the uploads (or not), stop the uploaders, then apply ``total_limit`` to
+        what is durable now.
+
+        Raises:
+            StorageError: an upload failed after its retries (every uploader is closed).
+        """
+        tiered, self._tiered = self._tiered, {}
+        failed: PreemptibleError | None = None
+        for url, store in tiered.items():
+            try:
+                store.close(wait_durable=wait_durable)
+            except PreemptibleError as e:
+                log.error("%s is committed on the local tier only: %s", url, e)
+                failed = failed or e
+        if tiered and wait_durable and self.main_process and self.next_index > 0:
+            self._retire(newest=self.next_index - 1)
+        if failed is not None:
+            raise failed
+
+    def finish_after_notice(self, budget: float | None) -> None:
+        """After a notice's save, committed locally: wait for the uploads for ``budget``
+        seconds (None: as long as they take), then leave the rest unfinished."""
+        if not self._tiered:
+            return
+        deadline = None if budget is None else time.monotonic() + budget
+        durable = True
+        for url, store in self._tiered.items():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                durable = store.wait_durable(left) and durable
+            except StorageError as e:
+                durable = False
+                log.error("%s is committed on the local tier only: %s", url, e)
+        if durable:
+            log.warning("the checkpoint saved on the notice is durable at %s", self.root)
+        else:
+            log.warning(
+                "the checkpoint saved on the notice is committed on the local tier %s, not "
+                "uploaded before the deadline: a restart on this node resumes from it and "
+                "uploads it; one on another node resumes from the newest uploaded checkpoint",
+                self.local,
+            )
+        self.close(wait_durable=False)
+
+    def _close_idle(self, keep: str) -> None:
+        """Close the uploaders with nothing left to upload: one thread per folder piles up."""
+        for url, store in list(self._tiered.items()):
+            if url == keep:
+                continue
+            try:
+                idle = store.wait_durable(timeout=0)
+            except StorageError as e:  # reported once; the local copy stays
+                log.error("%s is committed on the local tier only: %s", url, e)
+                idle = True
+            if idle:
+                del self._tiered[url]
+                store.close(wait_durable=False)
 
     # --- save ---------------------------------------------------------------------------------
 
@@ -541,7 +667,8 @@ class _Store:
 
     def _save(self, url: str, step: int, state: Any, index: int | None) -> CheckpointInfo:
         started = time.perf_counter()
-        info = self._open(url).save(step, state, metadata={"accelerate_iteration": index})
+        store = self._open(url) if self.local is None else self._tiered_store(url)
+        info = store.save(step, state, metadata={"accelerate_iteration": index})
         elapsed = time.perf_counter() - started
         self._cost.record_stall(elapsed)
         self._cost.record_save(
@@ -549,25 +676,40 @@ class _Store:
         )
         self.last_root = url
         log.info("saved step %d to %s in %.2f s", step, url, elapsed)
+        self._close_idle(keep=url)
         return info
 
     def _retire(self, *, newest: int) -> None:
         """Delete committed checkpoints beyond ``total_limit`` and interrupted saves, older
-        than ``newest`` only; failures are logged: the new checkpoint is safe already."""
+        than ``newest`` only; failures are logged: the new checkpoint is safe already.
+
+        With two tiers the newest checkpoint committed remotely is kept even beyond the limit
+        until a newer one is (the remote then holds one more for a while), and a local copy
+        goes once a newer checkpoint has committed and its own upload is done."""
         try:
-            committed, interrupted = [], []
+            committed, durable, interrupted = [], [], []
             for i, url in self._folders():
-                if i == newest:
-                    continue
-                found, ignored = self._open(url).scan()
-                if found:
-                    committed.append(url)
-                elif ignored and i < newest and all(item.collectable for item in ignored):
-                    interrupted.append(url)
-            keep = len(committed) if self.total_limit is None else self.total_limit - 1
-            for url in committed[: max(0, len(committed) - keep)] + interrupted:
-                log.info("total_limit: deleting %s", url)
-                self._delete(url)
+                found = ignored = False
+                copies = self._copies(url)
+                for store in copies:
+                    ours, foreign = store.scan()
+                    found = found or bool(ours)
+                    ignored = ignored or bool(foreign and all(x.collectable for x in foreign))
+                    if ours and store is copies[-1]:  # the remote copy
+                        durable.append(i)
+                if found or i == newest:
+                    committed.append(i)
+                elif ignored and i < newest and url not in self._tiered:
+                    interrupted.append(i)
+            keep = len(committed) if self.total_limit is None else self.total_limit
+            doomed = set(committed[: max(0, len(committed) - keep)]) | set(interrupted)
+            if self.local is not None and durable:
+                doomed.discard(max(durable))  # the remote keeps a complete checkpoint
+            for i in sorted(doomed):
+                log.info("total_limit: deleting %s", self._child(f"checkpoint_{i}"))
+                self._delete_both(self._child(f"checkpoint_{i}"))
+            if self.local is not None:
+                self._retire_local(newest, [i for i in durable if i not in doomed])
             for name in _names(self.root, self.storage_options):
                 if name.startswith(f"{_TRASH}checkpoint_"):  # a deletion cut short
                     shutil.rmtree(self._child(name), ignore_errors=True)
@@ -575,6 +717,23 @@ class _Store:
             log.warning(
                 "deleting old checkpoints under %s failed (retried next save): %r", self.root, e
             )
+
+    def _retire_local(self, newest: int, durable: list[int]) -> None:
+        """Delete the local copies of durable checkpoints older than ``newest``."""
+        for i in durable:
+            url = self._child(f"checkpoint_{i}")
+            if i < newest and url not in self._tiered:
+                shutil.rmtree(self._local_copy(url), ignore_errors=True)
+
+    def _delete_both(self, url: str) -> None:
+        store = self._tiered.pop(url, None)
+        if store is not None:  # an upload in flight would write the folder again
+            with contextlib.suppress(PreemptibleError):
+                store.close()
+        with contextlib.suppress(FileNotFoundError):
+            self._delete(url)
+        if self.local is not None:
+            shutil.rmtree(self._local_copy(url), ignore_errors=True)
 
     def _delete(self, url: str) -> None:
         fs, path = fsspec.core.url_to_fs(url, **self.storage_options)
@@ -607,7 +766,22 @@ class _Store:
             self._cost.record_restore(time.perf_counter() - started)
         elif corrupt:
             raise _none_valid(self.root, corrupt)
+        if self.local is not None and self.main_process:
+            self._upload_leftovers(folders)
         return restored
+
+    def _upload_leftovers(self, folders: list[tuple[int, str]]) -> None:
+        """Open the two-tier store of each folder committed on the local tier only (its upload
+        was cut off by the end of an earlier process): its uploader uploads it."""
+        for _, url in folders:
+            local, remote = self._copies(url)
+            try:
+                mine, there = local.latest(), remote.latest()
+            except (PreemptibleError, OSError) as e:
+                log.warning("could not compare the two copies of %s: %r", url, e)
+                continue
+            if mine is not None and (there is None or mine.step > there.step):
+                self._tiered_store(url)
 
     def _try(
         self,
@@ -616,36 +790,46 @@ class _Store:
         step: int | None,
         corrupt: list[tuple[str, NoValidCheckpointError]],
     ) -> int | None:
-        store = self._open(url)
-        latest = store.latest()
-        if latest is None:
+        copies = self._newest_copies(url)
+        if not copies:
             log.warning("%s holds no committed checkpoint (an interrupted save?); skipped", url)
             return None
-        if step is not None and latest.step != step:
-            return None
-        self._check_processes(url, latest)
-        try:
-            restored = store.restore(state)  # a corrupt one is skipped with a warning
-        except NoValidCheckpointError as e:
-            log.warning("%s failed verification; falling back to the checkpoint before it", url)
-            corrupt.append((url, e))
-            return None
-        self.restored_url = url
-        return restored
+        for store, latest in copies:
+            if step is not None and latest.step != step:
+                continue
+            self._check_processes(url, latest)
+            try:
+                restored = store.restore(state)  # a corrupt one is skipped with a warning
+            except NoValidCheckpointError as e:
+                log.warning("%s failed verification; falling back to the checkpoint before it", url)
+                corrupt.append((store.url, e))
+                continue
+            self.restored_url = store.url
+            return restored
+        return None
+
+    def _newest_copies(self, url: str) -> list[tuple[Checkpointer, CheckpointInfo]]:
+        """The committed copies of ``url``, newest first, the local one first on a tie."""
+        found = []
+        for rank, store in enumerate(self._copies(url)):
+            info = store.latest()
+            if info is not None:
+                found.append(((-info.step, rank), store, info))
+        return [(store, info) for _, store, info in sorted(found, key=lambda f: f[0])]
 
     def _restore_from(self, url: str, state: Any, step: int | None) -> int:
-        store = self._open(url)
-        latest = store.latest()
-        if latest is None:
+        copies = self._newest_copies(url)
+        if not copies:
             _refuse_foreign(url, self.storage_options)
             raise CheckpointNotFoundError(
                 f"no committed checkpoint at {url}; give a folder written by "
                 "PreemptibleAccelerator.save_state, or no input_dir for the newest one"
             )
+        store, latest = copies[0]
         self._check_processes(url, latest)
         restored = store.restore(state, step=latest.step if step is None else step)
         assert restored is not None, "restore with a step raises rather than return None"
-        self.restored_url = url
+        self.restored_url = store.url
         return restored
 
     def _check_processes(self, url: str, info: CheckpointInfo) -> None:
@@ -658,7 +842,7 @@ class _Store:
             )
 
     def list(self) -> list[CheckpointInfo]:
-        return [info for _, url in self._folders() for info in self._open(url).list()]
+        return [info for _, url in self._folders() for info in self._copies(url)[-1].list()]
 
 
 _END = object()

@@ -16,13 +16,24 @@ Two objects, used together (`docs/ways-in/lightning.md`):
 
 Mid-epoch resume at the right batch needs a resumable data loader (torchdata's
 ``StatefulDataLoader``): Lightning saves its state in the loop state and restores it.
+
+Two tiers (``local=`` on both objects): each Lightning path gets a sub-directory of a node-local
+directory, named from the path (``last.ckpt-<hash of the path>``: readable, and two paths never
+share one), and a two-tier `Checkpointer` per path commits there and uploads to the path in the
+background. A sub-directory per path, not one local root for every path, because each Lightning
+path is its own one-checkpoint root: sharing a root would make ``last.ckpt`` and
+``epoch=1.ckpt`` each other's older steps.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import posixpath
+import re
+import shutil
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -32,15 +43,19 @@ import fsspec
 from preemptible import (
     AlreadyComplete,
     BackendNotInstalledError,
+    CheckpointCorruptedError,
     Checkpointer,
     CheckpointError,
     CheckpointFormatError,
+    CheckpointInfo,
     CheckpointNotFoundError,
     ConfigError,
     NoValidCheckpointError,
+    PreemptibleError,
     PreemptibleWarning,
     PreemptionGuard,
     RNGState,
+    StorageError,
 )
 
 try:
@@ -55,6 +70,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 __all__ = ["PreemptibleCheckpointIO", "PreemptionCallback"]
 
 _PREEMPTED_NAME = "preempted.ckpt"
+_PATH_KEY = "lightning_path"  # the metadata entry naming the Lightning path of a save
 
 log = logging.getLogger("preemptible")
 
@@ -69,13 +85,27 @@ class PreemptibleCheckpointIO(CheckpointIO):
     second commit of an existing step would be ignored. ``global_step`` and ``epoch`` go into
     the manifest's metadata, where `PreemptionCallback.resume_path` reads them.
 
+    With ``local=`` a save commits in ``local``'s sub-directory for the path and returns; a
+    background thread uploads it to the path. ``teardown`` (the end of ``fit``, or its exit on
+    an exception) waits for every upload; on a notice `PreemptionCallback` waits until the
+    deadline at most. Lightning calls it from global rank 0 alone, as without tiers.
+
     Args:
         storage_options: default fsspec options (credentials, ``endpoint_url``); Lightning's
             per-save ``storage_options`` override them.
+        local: a directory on this node (local disk or tmpfs) for the first tier; give
+            `PreemptionCallback` the same one. None: saves go to the path alone.
     """
 
-    def __init__(self, storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        local: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.storage_options = dict(storage_options or {})
+        self.local = None if local is None else os.path.abspath(os.fspath(local))
+        self._tiered: dict[str, Checkpointer] = {}  # path -> its open two-tier checkpointer
 
     def _store(self, path: str | os.PathLike[str], options: Any = None) -> Checkpointer:
         merged = {**self.storage_options, **(options or {})}
@@ -85,27 +115,51 @@ class PreemptibleCheckpointIO(CheckpointIO):
             os.fspath(path), keep=1, storage_options=merged or None, collective=False
         )
 
+    def _tiered_store(self, path: str | os.PathLike[str], options: Any = None) -> Checkpointer:
+        """The two-tier checkpointer of ``path``, opened once and kept while it uploads."""
+        assert self.local is not None, "called with local= only"
+        key = os.fspath(path)
+        store = self._tiered.get(key)
+        if store is None:
+            merged = {**self.storage_options, **(options or {})}
+            store = Checkpointer(
+                key,
+                keep=1,
+                storage_options=merged or None,
+                collective=False,
+                local=_local_dir(self.local, key),
+                local_keep=1,
+            )
+            self._tiered[key] = store
+        return store
+
     def save_checkpoint(
         self,
         checkpoint: dict[str, Any],
         path: str | os.PathLike[str],
         storage_options: Any | None = None,
     ) -> None:
-        """Commit ``checkpoint`` atomically at ``path`` (a values-only dict: see `serialize`).
+        """Commit ``checkpoint`` atomically at ``path`` (a values-only dict: see `serialize`);
+        with ``local=``, commit it locally and upload it to ``path`` in the background.
 
         Raises:
             UnsupportedStateError: the dict holds an object with no pickle-free form (e.g.
                 hyperparameters that are arbitrary classes); the message names its key.
         """
-        store = self._store(path, storage_options)
+        if self.local is None:
+            store = self._store(path, storage_options)
+        else:
+            store = self._tiered_store(path, storage_options)
         latest = store.latest()
         step = 0 if latest is None else latest.step + 1
         meta = {
             "global_step": int(checkpoint.get("global_step", 0)),
             "epoch": int(checkpoint.get("epoch", 0)),
             "format": "lightning",
+            _PATH_KEY: os.fspath(path),
         }
         store.save(step, checkpoint, metadata=meta)
+        self._close_idle(keep=os.fspath(path))
 
     def load_checkpoint(
         self,
@@ -114,6 +168,9 @@ class PreemptibleCheckpointIO(CheckpointIO):
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Read the checkpoint at ``path``; ``weights_only`` is moot, nothing is unpickled.
+
+        With ``local=``, the newest copy of either tier, the local one first on a tie; a copy
+        that fails its checksums is skipped for the other tier's, with a `PreemptibleWarning`.
 
         Raises:
             CheckpointNotFoundError: no committed checkpoint at ``path``.
@@ -126,21 +183,134 @@ class PreemptibleCheckpointIO(CheckpointIO):
                 f"{os.fspath(path)} is a file, not a checkpoint written by PreemptibleCheckpointIO "
                 "(perhaps torch.save); it is not read, since loading it would unpickle it"
             )
-        store = self._store(path)
-        info = store.latest()
-        if info is None:
+        copies = self._copies(path)
+        if not copies:
             raise CheckpointNotFoundError(f"no committed checkpoint at {os.fspath(path)}")
-        # This step, not an older one: silently resuming from stale state is worse than failing.
-        loaded = store.load(info.step, map_location=map_location)
-        if not isinstance(loaded, dict):
-            raise CheckpointFormatError(f"{os.fspath(path)} does not hold a Lightning checkpoint")
-        return loaded
+        for i, (store, info) in enumerate(copies):
+            try:
+                # This step, not an older one of the same tier: silently resuming from stale
+                # state is worse than failing.
+                loaded = store.load(info.step, map_location=map_location)
+            except CheckpointCorruptedError as e:
+                if i == len(copies) - 1:
+                    raise
+                warnings.warn(
+                    f"skipping the copy of {os.fspath(path)} at {store.url}: {e}; loading the "
+                    "other tier's",
+                    PreemptibleWarning,
+                    stacklevel=2,
+                )
+                continue
+            if not isinstance(loaded, dict):
+                raise CheckpointFormatError(
+                    f"{os.fspath(path)} does not hold a Lightning checkpoint"
+                )
+            return loaded
+        raise AssertionError("unreachable: the last copy returns or raises")
+
+    def _copies(self, path: str | os.PathLike[str]) -> list[tuple[Checkpointer, CheckpointInfo]]:
+        """The newest committed checkpoint of ``path`` in each tier, newest first (local first
+        on a tie). One-tier readers: loading starts no uploader, on any rank."""
+        remote = self._store(path)
+        if self.local is None:
+            info = remote.latest()
+            return [] if info is None else [(remote, info)]
+        local = Checkpointer(_local_dir(self.local, os.fspath(path)), keep=None, collective=False)
+        found = []
+        for rank, store in enumerate((local, remote)):
+            try:
+                info = store.latest()
+            except StorageError as e:  # the other tier may still have it
+                warnings.warn(f"cannot read {store.url}: {e}", PreemptibleWarning, stacklevel=3)
+                continue
+            if info is not None:
+                found.append(((-info.step, rank), store, info))
+        return [(store, info) for _, store, info in sorted(found, key=lambda f: f[0])]
 
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        """Delete the checkpoint root at ``path`` (``ModelCheckpoint`` rotating its top-k)."""
+        """Delete the checkpoint root at ``path`` (``ModelCheckpoint`` rotating its top-k), and
+        its local copy; an upload to it in flight is finished first, then deleted too."""
+        store = self._tiered.pop(os.fspath(path), None)
+        if store is not None:
+            try:
+                store.close()
+            except PreemptibleError as e:  # it is being deleted: its upload no longer matters
+                log.warning("closing %s before deleting it: %s", os.fspath(path), e)
         fs, root = fsspec.core.url_to_fs(os.fspath(path), **self.storage_options)
         if fs.exists(root):
             fs.rm(root, recursive=True)
+        if self.local is not None:
+            shutil.rmtree(_local_dir(self.local, os.fspath(path)), ignore_errors=True)
+
+    def wait_durable(self, timeout: float | None = None) -> bool:
+        """Wait until every save so far is uploaded (at once without ``local=``).
+
+        Returns:
+            False if ``timeout`` seconds passed first.
+
+        Raises:
+            StorageError: an upload failed after its retries; the others are still waited for.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        failed: StorageError | None = None
+        for path, store in list(self._tiered.items()):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                if not store.wait_durable(left):
+                    return False
+            except StorageError as e:
+                log.error("%s is committed locally only: %s", path, e)
+                failed = failed or e
+        if failed is not None:
+            raise failed
+        return True
+
+    def close(self, *, wait_durable: bool = True) -> None:
+        """Stop the uploaders, after their uploads by default; a later save opens new ones.
+        ``wait_durable=False`` leaves an upload unfinished: its local copy stays, and the next
+        save to that path (or `PreemptionCallback.resume_path`'s resume) starts from it.
+
+        Raises:
+            StorageError: an upload failed after its retries (every uploader is still closed).
+        """
+        tiered, self._tiered = self._tiered, {}
+        failed: PreemptibleError | None = None
+        for path, store in tiered.items():
+            try:
+                store.close(wait_durable=wait_durable)
+            except PreemptibleError as e:
+                log.error("%s is committed locally only: %s", path, e)
+                failed = failed or e
+        if failed is not None:
+            raise failed
+
+    def teardown(self) -> None:
+        """Lightning's end of ``fit`` (or of its exit on an exception): wait for the uploads."""
+        self.close()
+
+    def _close_idle(self, keep: str) -> None:
+        """Close the uploaders of other paths with nothing left to upload: one thread per path
+        written (``ModelCheckpoint`` names a new path each epoch) would pile up."""
+        for path, store in list(self._tiered.items()):
+            if path == keep:
+                continue
+            try:
+                idle = store.wait_durable(timeout=0)
+            except StorageError as e:  # reported once; the local copy stays
+                log.error("%s is committed locally only: %s", path, e)
+                idle = True
+            if idle:
+                del self._tiered[path]
+                store.close(wait_durable=False)
+
+
+def _local_dir(local: str, path: str) -> str:
+    """The sub-directory of ``local`` that holds the local tier of the Lightning ``path``:
+    its file name, readable, then a hash of the whole absolute path or URL, so that two paths
+    never share one and a restart finds the same one."""
+    url = path.rstrip("/") if "://" in path else os.path.abspath(path)
+    name = re.sub(r"[^A-Za-z0-9._=-]", "_", url.rstrip("/").rsplit("/", 1)[-1]) or "ckpt"
+    return os.path.join(local, f"{name}-{hashlib.sha256(url.encode()).hexdigest()[:12]}")
 
 
 class PreemptionCallback(Callback):
@@ -168,6 +338,9 @@ class PreemptionCallback(Callback):
         on_no_valid_checkpoint: when `resume_path` finds checkpoints of ours and every one fails
             verification: ``"fail"`` (the default) raises `NoValidCheckpointError`, which names
             them; ``"start_over"`` returns None (training starts over; new saves replace them).
+        local: the ``local=`` given to `PreemptibleCheckpointIO`, so that `resume_path` also
+            sees saves whose upload did not finish; with it, the save on a notice waits for its
+            upload until the notice's deadline (``guard.remaining()``), no longer.
     """
 
     def __init__(
@@ -177,6 +350,7 @@ class PreemptionCallback(Callback):
         guard: PreemptionGuard | None = None,
         storage_options: Mapping[str, Any] | None = None,
         on_no_valid_checkpoint: str = "fail",
+        local: str | os.PathLike[str] | None = None,
     ) -> None:
         if on_no_valid_checkpoint not in ("fail", "start_over"):
             raise ConfigError(
@@ -187,6 +361,7 @@ class PreemptionCallback(Callback):
         self.storage_options = dict(storage_options or {})
         self.guard = guard if guard is not None else PreemptionGuard()
         self.on_no_valid_checkpoint = on_no_valid_checkpoint
+        self.local = None if local is None else os.path.abspath(os.fspath(local))
         self._owns_guard = guard is None
         self._trained = False
 
@@ -204,17 +379,9 @@ class PreemptionCallback(Callback):
             NoValidCheckpointError: checkpoints of ours exist and every one fails verification
                 (unless ``on_no_valid_checkpoint="start_over"``).
         """
-        fs, root = fsspec.core.url_to_fs(self.dirpath, **self.storage_options)
-        if not fs.exists(root):
-            return None
         best: tuple[tuple[int, float], str] | None = None
         corrupt: list[tuple[int, str]] = []
-        for entry in fs.ls(root, detail=False):
-            name = posixpath.basename(entry.rstrip("/"))
-            if not name.endswith(".ckpt"):
-                continue
-            path = _join(self.dirpath, name)
-            store = Checkpointer(path, keep=None, storage_options=self.storage_options or None)
+        for path, store in self._copies():
             try:
                 info = store.latest()
                 if info is None:
@@ -224,7 +391,7 @@ class PreemptionCallback(Callback):
                 continue
             step = int(info.metadata.get("global_step", -1))
             if not report.ok:
-                problem = f"{path} (global step {step}): {'; '.join(report.problems)}"
+                problem = f"{store.url} (global step {step}): {'; '.join(report.problems)}"
                 warnings.warn(f"skipping {problem}", PreemptibleWarning, stacklevel=2)
                 corrupt.append((step, problem))
                 continue
@@ -234,6 +401,34 @@ class PreemptionCallback(Callback):
         if best is None and corrupt:
             self._no_valid_checkpoint(sorted(corrupt, reverse=True))
         return None if best is None else best[1]
+
+    def _copies(self) -> list[tuple[str, Checkpointer]]:
+        """``(Lightning path, one-tier reader)`` of every copy under ``dirpath``, and, with
+        ``local``, of every local copy of a path under ``dirpath`` (its upload may not have
+        finished: the path may not exist yet)."""
+        options = self.storage_options or None
+        copies = []
+        fs, root = fsspec.core.url_to_fs(self.dirpath, **self.storage_options)
+        if fs.exists(root):
+            for entry in fs.ls(root, detail=False):
+                name = posixpath.basename(entry.rstrip("/"))
+                if name.endswith(".ckpt"):
+                    path = _join(self.dirpath, name)
+                    copies.append((path, Checkpointer(path, keep=None, storage_options=options)))
+        if self.local is None or not os.path.isdir(self.local):
+            return copies
+        for name in sorted(os.listdir(self.local)):
+            store = Checkpointer(os.path.join(self.local, name), keep=None, collective=False)
+            try:
+                info = store.latest()
+            except (CheckpointError, OSError):
+                continue
+            saved = None if info is None else info.metadata.get(_PATH_KEY)
+            # Ours, and of this dirpath: the local directory may serve several runs.
+            ours = isinstance(saved, str) and _local_dir(self.local, saved) == store.url
+            if ours and _same_place(_parent(str(saved)), self.dirpath):
+                copies.append((str(saved), store))
+        return copies
 
     def _no_valid_checkpoint(self, corrupt: list[tuple[int, str]]) -> None:
         listed = "".join(f"\n  {problem}" for _, problem in corrupt)
@@ -268,6 +463,13 @@ class PreemptionCallback(Callback):
     # --- hooks --------------------------------------------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, PreemptibleCheckpointIO) and io.local != self.local:
+            raise ConfigError(
+                f"PreemptibleCheckpointIO has local={io.local!r}, PreemptionCallback "
+                f"local={self.local!r}: give both the same local directory, or resume_path "
+                "misses the saves whose upload did not finish"
+            )
         if self._owns_guard and not self.guard.installed:
             self.guard.install()
         self._trained = False
@@ -309,6 +511,11 @@ class PreemptionCallback(Callback):
         if self._owns_guard:
             self.guard.uninstall()
 
+    def _wait_durable(self, trainer: pl.Trainer) -> None:
+        io = trainer.strategy.checkpoint_io
+        if trainer.is_global_zero and isinstance(io, PreemptibleCheckpointIO) and io.local:
+            _wait_durable_until_deadline(io, self.guard)
+
     def on_train_batch_end(
         self,
         trainer: pl.Trainer,
@@ -323,9 +530,30 @@ class PreemptionCallback(Callback):
             return
         with self.guard.final_save():
             trainer.save_checkpoint(_join(self.dirpath, _PREEMPTED_NAME))
+            self._wait_durable(trainer)
         trainer.should_stop = True
         code = self.guard.exit_code() or 143  # a notice seen only by another rank: SIGTERM's
         raise SystemExit(code)
+
+
+def _wait_durable_until_deadline(io: PreemptibleCheckpointIO, guard: PreemptionGuard) -> None:
+    """After a notice's save, committed locally: wait for the uploads until the deadline, then
+    stop the uploaders without waiting (``teardown`` then has nothing left to wait for)."""
+    try:
+        durable = io.wait_durable(timeout=guard.remaining())
+    except StorageError as e:
+        durable = False
+        log.error("uploading the checkpoints failed: %s", e)
+    if durable:
+        log.warning("the checkpoint saved on the notice is durable")
+    else:
+        log.warning(
+            "the checkpoint saved on the notice is committed on the local tier %s, not "
+            "uploaded before the deadline: a restart on this node resumes from it and uploads "
+            "it; one on another node resumes from the newest uploaded checkpoint",
+            io.local,
+        )
+    io.close(wait_durable=False)
 
 
 def _limit_reached(trainer: pl.Trainer) -> bool:
@@ -334,6 +562,16 @@ def _limit_reached(trainer: pl.Trainer) -> bool:
     if max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps:
         return True
     return max_epochs is not None and max_epochs >= 0 and trainer.current_epoch >= max_epochs
+
+
+def _parent(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[0] if "://" in path else os.path.dirname(path)
+
+
+def _same_place(a: str, b: str) -> bool:
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.abspath(a) == os.path.abspath(b)
 
 
 def _join(base: str, name: str) -> str:

@@ -190,6 +190,35 @@ def test_one_process_sigterm_mid_epoch_saves_exits_143_and_resumes_bitwise(tmp_p
     assert _folders(workdir) == ["checkpoint_1", "checkpoint_2"], "total_limit=2"
 
 
+def test_two_tiers_sigterm_uploads_before_the_exit_and_another_node_resumes_bitwise(
+    tmp_path, reference
+):
+    """``local=``: the notice's save commits on the local tier and is uploaded to
+    ``checkpoints/checkpoint_{i}`` before the exit; a restart with another, empty local directory
+    (another node) resumes from the remote copy, bitwise, and ``close`` waits for its uploads."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
+    cmd = [sys.executable, str(SCRIPT), str(workdir), "--total-limit=2"]
+    proc = _start([*cmd, "--local", str(node_a), "--slow=0.05"], tmp_path)
+    _wait_for(proc, lambda: _progress(workdir) >= PER_EPOCH + 6, "batches of the second epoch")
+    proc.send_signal(signal.SIGTERM)
+    code, out = _finish(proc)
+    assert code == 143, out
+    stopped = _progress(workdir)
+    assert PER_EPOCH < stopped < 2 * PER_EPOCH, "stopped mid-epoch"
+    assert "the checkpoint saved on the notice is durable" in out, out
+    assert Checkpointer(workdir / "checkpoints" / "checkpoint_1").latest().step == stopped
+    assert Checkpointer(node_a / "checkpoint_1").latest().step == stopped, "committed locally"
+
+    out = _run([*cmd, "--local", str(node_b)], tmp_path)
+    assert f"rank 0 resumed from step {stopped}" in out
+    _assert_same_result(reference, workdir)
+    assert _folders(workdir) == ["checkpoint_1", "checkpoint_2"], "total_limit=2"
+    final = Checkpointer(workdir / "checkpoints" / "checkpoint_2").latest()
+    assert final is not None and final.step == 2 * PER_EPOCH, "close waited for the upload"
+
+
 def test_two_processes_agree_on_the_step_save_together_and_resume_bitwise(tmp_path):
     reference = tmp_path / "reference"
     reference.mkdir()

@@ -174,6 +174,32 @@ def test_under_slurm_auto_requeue_our_handler_wins_on_sigusr1(
     _assert_bitwise_equal(_final(tmp_path)[1], reference)
 
 
+def test_two_tiers_sigterm_commits_locally_uploads_and_resumes_on_another_node_bitwise(
+    tmp_path: Path, reference: dict
+) -> None:
+    """``local=``: the notice's save commits on the local tier and is uploaded before the exit;
+    a restart with another (empty) local directory, as on another node, resumes from the remote
+    copy alone, bitwise; the end of fit waits for the uploads of its own saves."""
+    node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
+    code, out = _interrupt_at(tmp_path, 5, "--local", str(node_a))
+    assert code == 128 + signal.SIGTERM, out
+    assert "the checkpoint saved on the notice is durable" in out, out
+    preempted = Checkpointer(tmp_path / "ckpt" / "preempted.ckpt").latest()
+    assert preempted is not None, "uploaded to the framework's path before the exit"
+    stopped_at = preempted.metadata["global_step"]
+    assert 5 <= stopped_at < BATCHES_PER_EPOCH, "the save is mid-epoch, right after the notice"
+    local_copies = {p.name.split("-")[0] for p in node_a.iterdir()}
+    assert "preempted.ckpt" in local_copies, local_copies
+
+    done = _run(tmp_path, "--local", str(node_b))  # another node: nothing local
+    assert done.returncode == 0, done.stdout + done.stderr
+    step, state = _final(tmp_path)
+    assert step == TOTAL
+    _assert_bitwise_equal(state, reference)
+    last = Checkpointer(tmp_path / "ckpt" / "last.ckpt").latest()
+    assert last is not None and last.metadata["global_step"] == TOTAL, "fit waited for it"
+
+
 DDP_TOTAL = TOTAL // 2  # two ranks share each epoch's 24 batches
 
 

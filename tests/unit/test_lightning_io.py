@@ -24,7 +24,7 @@ from preemptible import (
     PreemptibleWarning,
     UnsupportedStateError,
 )
-from preemptible.lightning import PreemptibleCheckpointIO, PreemptionCallback
+from preemptible.lightning import PreemptibleCheckpointIO, PreemptionCallback, _local_dir
 
 
 def _checkpoint(step: int) -> dict:
@@ -185,3 +185,69 @@ def test_a_finished_fit_started_again_logs_the_resume_and_exits_0(
     resumed = [r.message for r in caplog.records if r.message.startswith("resumed from")]
     assert resumed == [f"resumed from step 4 at {tmp_path / 'last.ckpt'}"]
     assert f"already complete at step 4: the checkpoint at {tmp_path / 'last.ckpt'}" in caplog.text
+
+
+# --- two tiers (local=) ------------------------------------------------------------------------
+
+
+def test_with_local_a_save_commits_locally_and_is_uploaded_to_the_path(tmp_path: Path) -> None:
+    io = PreemptibleCheckpointIO(local=tmp_path / "node")
+    path = tmp_path / "ckpt" / "last.ckpt"
+    io.save_checkpoint(_checkpoint(3), path)
+    io.save_checkpoint(_checkpoint(7), path)
+    (sub,) = (tmp_path / "node").iterdir()
+    assert sub.name.startswith("last.ckpt-"), "readable: named from the path"
+    assert Checkpointer(sub).latest() is not None, "committed on the local tier"
+    assert io.wait_durable(timeout=30)
+    remote = Checkpointer(path).list()
+    assert [i.metadata["global_step"] for i in remote] == [7], "keep=1 on the remote too"
+    assert io.load_checkpoint(path)["global_step"] == 7
+    io.teardown()
+    assert PreemptibleCheckpointIO().load_checkpoint(path)["global_step"] == 7, "one tier reads it"
+
+
+def test_with_local_two_paths_never_share_a_sub_directory(tmp_path: Path) -> None:
+    io = PreemptibleCheckpointIO(local=tmp_path / "node")
+    for run in ("a", "b"):
+        io.save_checkpoint(_checkpoint(1), tmp_path / run / "last.ckpt")
+    io.teardown()
+    names = sorted(p.name for p in (tmp_path / "node").iterdir())
+    assert len(names) == 2 and all(n.startswith("last.ckpt-") for n in names), names
+
+
+def test_with_local_load_takes_the_newest_copy_of_either_tier(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt" / "last.ckpt"
+    PreemptibleCheckpointIO().save_checkpoint(_checkpoint(5), path)  # remote only
+    io = PreemptibleCheckpointIO(local=tmp_path / "node")
+    assert io.load_checkpoint(path)["global_step"] == 5, "the remote's, no local copy yet"
+    io.save_checkpoint(_checkpoint(9), path)
+    io.close(wait_durable=False)  # the upload may be cut off: the local copy is newer
+    assert io.load_checkpoint(path)["global_step"] == 9
+
+
+def test_with_local_remove_deletes_both_tiers(tmp_path: Path) -> None:
+    io = PreemptibleCheckpointIO(local=tmp_path / "node")
+    path = tmp_path / "ckpt" / "epoch=0.ckpt"
+    io.save_checkpoint(_checkpoint(1), path)
+    io.remove_checkpoint(path)  # its upload finishes first, then both go
+    assert not path.exists()
+    assert list((tmp_path / "node").iterdir()) == []
+    io.teardown()
+
+
+def test_with_local_resume_path_sees_a_save_whose_upload_never_ran(tmp_path: Path) -> None:
+    node, ckpt = tmp_path / "node", tmp_path / "ckpt"
+    io = PreemptibleCheckpointIO(local=node)
+    io.save_checkpoint(_checkpoint(24), ckpt / "last.ckpt")
+    io.teardown()
+    # What a process killed before its upload leaves: the local copy alone.
+    preempted = str(ckpt / "preempted.ckpt")
+    meta = {"global_step": 30, "epoch": 1, "format": "lightning", "lightning_path": preempted}
+    Checkpointer(_local_dir(str(node), preempted)).save(0, _checkpoint(30), metadata=meta)
+    Checkpointer(node / "stray").save(0, _checkpoint(40), metadata={"global_step": 40})
+    assert PreemptionCallback(ckpt).resume_path() == str(ckpt / "last.ckpt"), "remote only"
+    callback = PreemptionCallback(ckpt, local=node)
+    assert callback.resume_path() == preempted
+    assert io.load_checkpoint(preempted)["global_step"] == 30
+    other = PreemptionCallback(tmp_path / "elsewhere", local=node)
+    assert other.resume_path() is None, "another run's local copies are not its"

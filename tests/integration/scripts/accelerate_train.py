@@ -2,7 +2,7 @@
 test_accelerate.py.
 
 Usage: accelerate_train.py WORKDIR [--epochs N] [--slow SECONDS] [--total-limit N]
-       [--ballast-mib M] [--save-every N]
+       [--ballast-mib M] [--save-every N] [--local DIR]
 
 The same command starts and restarts it, alone or under ``accelerate launch``. Each process
 writes its pid to WORKDIR/pid-rank<R> at start and, after every batch, the batches done to
@@ -74,7 +74,7 @@ def _train(args: argparse.Namespace, accelerator: Accelerator) -> None:
     if args.ballast_mib:
         accelerator.register_for_checkpointing(Ballast(args.ballast_mib))
 
-    acc = PreemptibleAccelerator(accelerator)
+    acc = PreemptibleAccelerator(accelerator, local=args.local)
     print(f"rank {rank} resumed from step {acc.load_state()}", flush=True)
     for _epoch in acc.epochs(args.epochs):
         for x, y in acc.batches(loader):
@@ -104,6 +104,7 @@ def main() -> None:
     parser.add_argument("--total-limit", type=int, default=None)
     parser.add_argument("--ballast-mib", type=int, default=0)
     parser.add_argument("--save-every", type=int, default=0)
+    parser.add_argument("--local", default=None, help="a local tier: two tiers")
     args = parser.parse_args()
     rank = os.environ.get("RANK", "0")
     code: Any = 0

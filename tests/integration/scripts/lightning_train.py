@@ -1,6 +1,6 @@
 """A small deterministic Lightning run under PreemptionCallback, for test_lightning.py.
 
-Usage: lightning_train.py WORKDIR [--devices N] [--slow SECONDS]
+Usage: lightning_train.py WORKDIR [--devices N] [--slow SECONDS] [--local DIR]
 
 The same command starts and restarts it. After every batch it writes the number of batches done
 to WORKDIR/progress-rank<R> (the test sends SIGTERM once enough are done); at the end it saves the
@@ -69,11 +69,12 @@ def main() -> None:
     parser.add_argument("workdir")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--slow", type=float, default=0.0)
+    parser.add_argument("--local", default=None, help="a local tier: two tiers, WORKDIR/ckpt last")
     args = parser.parse_args()
 
     pl.seed_everything(0, workers=True)
     ckpt_dir = os.path.join(args.workdir, "ckpt")
-    preemption = PreemptionCallback(ckpt_dir)
+    preemption = PreemptionCallback(ckpt_dir, local=args.local)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=args.devices,
@@ -84,7 +85,7 @@ def main() -> None:
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        plugins=[PreemptibleCheckpointIO()],
+        plugins=[PreemptibleCheckpointIO(local=args.local)],
         callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_last=True), preemption],
     )
     model = Model(args.workdir, args.slow)
