@@ -15,7 +15,7 @@ restart, and once everything has drained at the end, it checks:
   client cancelled it, now and then: nothing starts after a cancel is acknowledged);
 - every attempt killed while the server was down was requeued, with a reason, in the events.
 
-The server is killed `PREEMPTIBLE_SOAK_KILLS` times (default 40, about a minute on two
+The server is killed `PREEMPTIBLE_SOAK_KILLS` times (default 20, about half a minute on two
 cores; set 1000 for the long soak). `PREEMPTIBLE_SOAK_SEED` replays a seed (printed at the
 start and in every failure); timing still differs from run to run.
 """
@@ -44,7 +44,7 @@ from tests.polling import wait_until
 
 from .queue_server import CLI, free_port
 
-KILLS = int(os.environ.get("PREEMPTIBLE_SOAK_KILLS", "40"))
+KILLS = int(os.environ.get("PREEMPTIBLE_SOAK_KILLS", "20"))
 # About a second per kill on two cores; the long soak outlives the suite's 600 s per test.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(max(600, 300 + 3 * KILLS))]
 CONFIG = """
