@@ -742,7 +742,7 @@ class Checkpointer(CheckpointReader):
                     manifest.step,
                     self._storage.url,
                 )
-                self._storage.delete(dirname, uuid.uuid4().hex[:12])
+                self._storage.delete(dirname, uuid.uuid4().hex[:12], list(manifest.files))
         now = time.time()
         for item in ignored:
             if not item.collectable:

@@ -121,8 +121,10 @@ class CheckpointStorage:
     def newest_mtime(self, dirname: str) -> float | None:
         raise NotImplementedError
 
-    def delete(self, dirname: str, nonce: str) -> None:
-        """Remove a checkpoint so that no reader can ever see a half-deleted one."""
+    def delete(self, dirname: str, nonce: str, names: list[str]) -> None:
+        """Remove a committed checkpoint made of ``names`` so that no reader can ever see a
+        half-deleted one, and nothing else: another writer may be saving the same step into
+        the same directory (a zombie behind its replacement)."""
         raise NotImplementedError
 
     def discard(self, dirname: str, nonce: str, names: list[str]) -> None:
@@ -218,14 +220,15 @@ class LocalStorage(CheckpointStorage):
             times.extend(e.stat().st_mtime for e in it)
         return max(times)
 
-    def delete(self, dirname: str, nonce: str) -> None:
+    def delete(self, dirname: str, nonce: str, names: list[str]) -> None:
+        # Saves stage in a .tmp- folder of their own and rename: the folder holds only this.
         trash = f"{TRASH_PREFIX}{dirname}-{nonce}"
         os.rename(self._path(dirname), self._path(trash))
         _fsync_dir(self.root)
         self.remove_tree(trash)
 
     def discard(self, dirname: str, nonce: str, names: list[str]) -> None:
-        self.delete(dirname, nonce)  # a new save stages elsewhere (.tmp-...): all of it goes
+        self.delete(dirname, nonce, names)
 
     def remove_tree(self, dirname: str) -> None:
         shutil.rmtree(self._path(dirname), ignore_errors=True)
@@ -308,19 +311,24 @@ class FsspecStorage(CheckpointStorage):
         known = [t for t in times if t is not None]
         return max(known) if known else None
 
-    def delete(self, dirname: str, nonce: str) -> None:
-        # Manifest first: from then on the step is invisible, whatever happens to the rest.
-        self.fs.rm_file(self._path(dirname, MANIFEST_NAME))
-        self.remove_tree(dirname)
-
-    def discard(self, dirname: str, nonce: str, names: list[str]) -> None:
-        # The new save's uploads are in the same directory already: remove only what the corrupt
-        # checkpoint lists, manifest first.
+    def delete(self, dirname: str, nonce: str, names: list[str]) -> None:
+        # Manifest first: from then on the step is invisible, whatever happens to the rest. Then
+        # only what it lists: saves write into the step's folder (unique names, manifest last),
+        # so another writer's save of the same step may be there, half-written; if abandoned,
+        # garbage collection removes it once stale.
         self.fs.rm_file(self._path(dirname, MANIFEST_NAME))
         paths = [self._path(dirname, name) for name in names]
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(paths)
         self.fs.invalidate_cache(self._path(dirname))
+        with contextlib.suppress(OSError):  # a folder left empty (object stores have none)
+            if not self.fs.ls(self._path(dirname)):
+                self.fs.rmdir(self._path(dirname))
+        self.fs.invalidate_cache(self.root)
+
+    def discard(self, dirname: str, nonce: str, names: list[str]) -> None:
+        # The new save's uploads are in the same directory already: the same as `delete`.
+        self.delete(dirname, nonce, names)
 
     def remove_tree(self, dirname: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -221,6 +221,21 @@ def test_a_committed_step_is_never_overwritten_by_a_second_writer(root):
     assert len(files) == info.files + 1  # the loser's files are gone: data + index + manifest
 
 
+def test_retention_leaves_another_writers_save_of_the_same_step_alone(root):
+    # A zombie still writing step 5 (staged the backend's own way: in the step's folder on an
+    # object store) while its replacement, already past it, retires its own step 5.
+    replacement, zombie = root.checkpointer(keep=1), root.checkpointer()
+    replacement.save(5, make_state(5))
+    storage = zombie._storage
+    staging = storage.begin("step-000000000005", "zombie000001")
+    name = storage.data_name(staging, "data-00000")
+    with storage.open_write(staging, name) as f:
+        f.write(b"half a shard")
+    replacement.save(6, make_state(6))  # keep=1: step 5 goes
+    assert [i.step for i in replacement.list()] == [6]
+    assert storage.read_bytes(staging.dirname, name) == b"half a shard"  # it once went too
+
+
 def test_a_save_at_the_step_of_a_corrupt_checkpoint_moves_it_aside_and_commits(root):
     first, second = root.checkpointer(), root.checkpointer()
     first.save(4, make_state(4))
