@@ -108,14 +108,23 @@ def test_ctrl_c_while_waiting_for_a_background_save_reaches_the_caller():
     # One tier on the slow filesystem: wait() blocks on a save of 8+ slow writes. A real SIGINT
     # from another thread must raise KeyboardInterrupt there, not vanish (it once did).
     ckpt = Checkpointer(f"slow://run-{uuid.uuid4().hex}", shard_bytes=64 << 10)
-    ckpt.save(0, make_state(0, mib=0.5), blocking=False)
-    timer = threading.Timer(WRITE_DELAY_S, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    started = time.perf_counter()
-    with pytest.raises(KeyboardInterrupt):
-        ckpt.wait()
-    assert time.perf_counter() - started < 8 * WRITE_DELAY_S  # before the save could finish
-    timer.join()
+    # Python's own SIGINT handler, whatever an earlier test in this process left installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        ckpt.save(0, make_state(0, mib=0.5), blocking=False)
+        main = threading.main_thread().ident
+        assert main is not None
+        # To the main thread, as a terminal's Ctrl-C reaches a process waiting in it: a signal
+        # the kernel hands to another thread does not interrupt the main thread's wait.
+        timer = threading.Timer(WRITE_DELAY_S, signal.pthread_kill, (main, signal.SIGINT))
+        timer.start()
+        started = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            ckpt.wait()
+        assert time.perf_counter() - started < 8 * WRITE_DELAY_S  # before the save finished
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     ckpt.close()  # the save runs on and commits: nothing half-written is left behind
     assert ckpt.latest() is not None and ckpt.verify(0).ok
 
