@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import crc32c
 
@@ -90,12 +90,7 @@ def write_state(
                 offset += len(data)
         return name, FileRecord(size=offset, crc32c=crc)
 
-    files: dict[str, FileRecord] = {}
-    if len(shards) <= 1 or max_workers <= 1:
-        files.update(write_shard(n) for n in range(len(shards)))
-    else:
-        with ThreadPoolExecutor(min(max_workers, len(shards)), "preemptible-write") as pool:
-            files.update(pool.map(write_shard, range(len(shards))))
+    files = dict(in_threads(write_shard, range(len(shards)), max_workers, "preemptible-write"))
 
     index = {"tree": flat.tree, "arrays": [e.to_json() for e in entries if e is not None]}
     payload = json.dumps(index, separators=(",", ":")).encode()
@@ -163,13 +158,7 @@ def read_arrays(
                 tail = f.read(1 << 20)
         _check_record(manifest, name, offset, crc)
 
-    names = list(by_file)
-    if len(names) <= 1 or max_workers <= 1:
-        for name in names:
-            read_file(name)
-    else:
-        with ThreadPoolExecutor(min(max_workers, len(names)), "preemptible-read") as pool:
-            list(pool.map(read_file, names))
+    in_threads(read_file, list(by_file), max_workers, "preemptible-read")
     read = [a for a in arrays if a is not None]
     assert len(read) == len(arrays), "every entry belongs to exactly one file"
     return read
@@ -251,3 +240,18 @@ def _raise_corrupted(manifest: Manifest, problem: str) -> None:
         step=manifest.step,
         problems=[problem],
     )
+
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def in_threads(
+    fn: Callable[[_T], _R], items: Sequence[_T], max_workers: int, name: str
+) -> list[_R]:
+    """``fn`` of each item, in order: on up to ``max_workers`` threads named ``name``, or on
+    this one when there is one item or one worker (a pool would only add its start)."""
+    if len(items) <= 1 or max_workers <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(min(max_workers, len(items)), name) as pool:
+        return list(pool.map(fn, items))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from preemptible.checkpoint import io
 from preemptible.checkpoint.manifest import SHARDED_DIR, FileRecord, Manifest
@@ -77,12 +76,7 @@ def upload_step(
         def copy(name: str) -> None:
             copy_verified(source, dirname, name, manifest.files[name], target, staging)
 
-        if len(names) <= 1 or max_workers <= 1:
-            for name in names:
-                copy(name)
-        else:
-            with ThreadPoolExecutor(min(max_workers, len(names)), "preemptible-upload") as pool:
-                list(pool.map(copy, names))
+        io.in_threads(copy, names, max_workers, "preemptible-upload")
     except BaseException:
         with contextlib.suppress(Exception):  # best effort: garbage collection catches the rest
             target.abort(staging)

@@ -487,11 +487,11 @@ class Context:
 
         Not under the queue manager: its next attempt runs on this machine and reads the local
         tier (and uploads what is missing), so the job acks at the local commit and leaves."""
-        if not isinstance(self.checkpointer, Checkpointer) or self.checkpointer.remote is None:
+        if self._tiers is None:
             return
         budget = plan.upload_budget_s if plan is not None else self.guard.remaining()
         try:
-            durable = self.checkpointer.wait_durable(timeout=budget)
+            durable = self._tiers.wait_durable(timeout=budget)
         except PreemptibleError as e:
             durable = False
             log.error("uploading step %d failed: %s", step, e)
@@ -501,10 +501,16 @@ class Context:
                 "the deadline): this node's next start resumes from it and uploads it; another "
                 "node resumes from step %s",
                 step,
-                self.checkpointer.durable_step,
+                self._tiers.durable_step,
             )
         elif durable:
             self._report()  # the upload's time is measured now
+
+    @property
+    def _tiers(self) -> Checkpointer | None:
+        """The checkpointer when it has two tiers (`Checkpointer`'s ``local``), else None."""
+        store = self.checkpointer
+        return store if isinstance(store, Checkpointer) and store.remote is not None else None
 
     def _plan_last_save(self, step: int) -> LastSavePlan | None:
         """What the last save can be in the time the deadline leaves, all ranks agreeing (the
@@ -512,14 +518,11 @@ class Context:
         if self._last_saved_step == step:
             return None  # committed or in flight: `_save_final` waits for it
         cost = self.cost
-        two_tiers = (
-            isinstance(self.checkpointer, Checkpointer) and self.checkpointer.remote is not None
-        )
         plan = plan_last_save(
             self.guard.remaining(),
             local_save_s=cost.save.p95 if cost.save.count else None,
             upload_s=cost.upload.p95 if cost.upload.count else None,
-            two_tiers=two_tiers,
+            two_tiers=self._tiers is not None,
         )
         agreed = self._agreement.most_cautious(LAST_SAVE_ORDER.index(plan.choice))
         return dataclasses.replace(plan, choice=LAST_SAVE_ORDER[agreed])
@@ -557,7 +560,7 @@ class Context:
             if isinstance(self.checkpointer, Checkpointer):  # an adapter's store has no tiers
                 # After a notice the upload had its time (`_wait_durable`): the deadline rules.
                 self.checkpointer.close(wait_durable=not self._should_stop)
-                if self.checkpointer.remote is not None and self.cost.upload.count:
+                if self._tiers is not None and self.cost.upload.count:
                     self._report()  # the last upload's time is known now
         finally:
             if self.guard.installed:
