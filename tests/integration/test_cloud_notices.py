@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -20,8 +19,7 @@ import pytest
 
 from preemptible import Checkpointer
 from tests.cloud_metadata import FakeAzureImds, FakeGceMetadata, FakeImds, Fault
-from tests.integration.test_torchrun import TORCHRUN, Output
-from tests.s3servers import free_port
+from tests.integration.test_torchrun import Output, spawn, torchrun_command
 
 REPO = Path(__file__).parents[2]
 SCRIPT = Path(__file__).parent / "scripts" / "cloud_notice_train.py"
@@ -38,26 +36,8 @@ def job_env(**extra: str) -> dict[str, str]:
 
 def start(ckpt: Path, env: dict[str, str], *, total: int = 100_000, torchrun: bool = False):
     args = [str(SCRIPT), str(ckpt), "--total", str(total), "--step-s", "0.05"]
-    if torchrun:
-        command = [
-            TORCHRUN,
-            "--nnodes=1",
-            "--nproc-per-node=2",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            *args,
-        ]
-    else:
-        command = [sys.executable, *args]
-    proc = subprocess.Popen(
-        command,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own group, so that a failed test kills every worker
-    )
-    return Output(proc)
+    command = torchrun_command(*args) if torchrun else [sys.executable, *args]
+    return Output(spawn(command, env))
 
 
 def stopped(out: str) -> list[tuple[int, int, str, float | None]]:

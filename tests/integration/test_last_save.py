@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from preemptible import Checkpointer
-from tests.integration.test_torchrun import Output
+from tests.integration.test_torchrun import Output, spawn
 
 REPO = Path(__file__).parents[2]
 SCRIPT = Path(__file__).parent / "scripts" / "last_save_train.py"
@@ -42,15 +41,7 @@ def start(
     command += ["--write-delay", str(write_delay_s), "--total", str(total)]
     if local is not None:
         command += ["--local", str(local)]
-    proc = subprocess.Popen(
-        command,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    return Output(proc)
+    return Output(spawn(command, env))
 
 
 def wait_for_costs(tmp: Path, measured: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:

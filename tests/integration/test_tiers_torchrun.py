@@ -11,13 +11,11 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 from preemptible import Checkpointer
 from preemptible.checkpoint.manifest import step_dirname
-from tests.integration.test_torchrun import TORCHRUN, Output
-from tests.s3servers import free_port
+from tests.integration.test_torchrun import Output, spawn, torchrun_command
 
 REPO = Path(__file__).parents[2]
 SCRIPT = Path(__file__).parent / "scripts" / "tiers_torchrun_train.py"
@@ -29,27 +27,8 @@ RESUMED = re.compile(r"rank (\d) resumed from (\d+) weight ([\d.]+)\n")
 def start(remote: Path, local: Path, *, total: int = 100_000) -> Output:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREEMPTIBLE_")}
     env.update(PREEMPTIBLE_GRACE_SECONDS="20", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    command = [
-        TORCHRUN,
-        "--nnodes=1",
-        "--nproc-per-node=2",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        str(SCRIPT),
-        str(remote),
-        str(local),
-        "--total",
-        str(total),
-    ]
-    proc = subprocess.Popen(
-        command,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own group, so that a failed test kills every worker
-    )
-    return Output(proc)
+    command = torchrun_command(str(SCRIPT), str(remote), str(local), "--total", str(total))
+    return Output(spawn(command, env))
 
 
 def resumed(out: str) -> dict[int, tuple[int, float]]:

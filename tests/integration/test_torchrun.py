@@ -25,27 +25,39 @@ SCRIPT = Path(__file__).parents[2] / "examples" / "torchrun_elastic.py"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
-def torchrun(
-    root: Path, *args: str, nproc: int = 2, max_restarts: int = 0
-) -> subprocess.Popen[str]:
+def torchrun_command(*args: str, nproc: int = 2, max_restarts: int = 0) -> list[str]:
+    """torchrun on this node, on a free rendezvous port, running ``args`` (a script, its
+    arguments)."""
+    return [
+        TORCHRUN,
+        "--nnodes=1",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        *args,
+    ]
+
+
+def spawn(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``command`` with its output piped, leading a process group of its own, so that a
+    failed test kills every worker."""
     return subprocess.Popen(
-        [
-            TORCHRUN,
-            "--nnodes=1",
-            f"--nproc-per-node={nproc}",
-            f"--max-restarts={max_restarts}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            str(SCRIPT),
-            "--dir",
-            str(root),
-            *args,
-        ],
+        command,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,  # its own process group, so that a failed test kills the workers
+        start_new_session=True,
     )
+
+
+def torchrun(
+    root: Path, *args: str, nproc: int = 2, max_restarts: int = 0
+) -> subprocess.Popen[str]:
+    command = torchrun_command(str(SCRIPT), "--dir", str(root), *args, nproc=nproc,
+                               max_restarts=max_restarts)  # fmt: skip
+    return spawn(command)
 
 
 def kill_group(proc: subprocess.Popen[str]) -> None:
