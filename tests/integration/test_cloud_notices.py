@@ -134,7 +134,7 @@ def test_under_torchrun_one_poller_stops_both_ranks_at_the_same_step(tmp_path, i
         job_env(PREEMPTIBLE_NOTICES="aws", AWS_EC2_METADATA_SERVICE_ENDPOINT=imds.url),
         torchrun=True,
     )
-    job.until(r"rank 1 step 3\b")
+    job.until(r"rank 1 step ([3-9]|\d{2,})\b")  # any of them: two ranks may share a line
     at = imds.interrupt("terminate", in_s=120)
     code, out = job.finish()
     stops = sorted(stopped(out))
