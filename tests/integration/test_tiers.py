@@ -22,7 +22,8 @@ from tests.integration.tiers_child import big_state
 from tests.polling import wait_until
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
-MIB = 128  # moto stores about 25 MB/s here: 128 MiB is five seconds of upload
+MIB = 32  # eight data files of 4 MiB
+PAUSE = 2.0  # seconds after each uploaded file (`tiers_child`): the kill lands mid-upload
 
 
 @pytest.fixture
@@ -122,6 +123,7 @@ def test_sigkill_mid_upload_leaves_no_torn_remote_step_and_the_next_start_upload
             str(local),
             json.dumps(remote.storage_options),
             str(MIB),
+            str(PAUSE),
         ],
         cwd=ROOT_DIR,
         stdout=subprocess.PIPE,
