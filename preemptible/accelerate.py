@@ -18,8 +18,9 @@
 
 Two tiers (``local=``): each ``checkpoint_{i}`` is a two-tier `Checkpointer` whose local tier is
 ``local/checkpoint_{i}``, the same layout on a node-local disk; the save returns after the local
-commit and a background thread uploads it. One process only for now: the two-tier store has one
-writer, and every process writes its own state.
+commit and a background thread uploads it. With several processes on one node every process
+writes its own files to the same local folder, the main process commits and alone uploads;
+processes on several nodes are refused (`Checkpointer`'s ``local``).
 
 Why a wrapper and not a subclass of ``Accelerator``: the user's ``Accelerator(...)`` line and its
 process-wide state stay exactly theirs, we do not re-declare a constructor that changes with
@@ -117,12 +118,12 @@ class PreemptibleAccelerator:
         local: a directory on this node (local disk or tmpfs) for a first tier: ``save_state``
             returns once ``local/checkpoint_{i}`` has committed and a background thread uploads
             it to ``checkpoint_{i}``; `close` waits for the uploads, a notice until its deadline.
-            One process only (yet).
+            Several processes share it: every process on one node, all given the same path.
 
     Raises:
         ConfigError: no place for checkpoints, a ``total_limit`` below 1, a distributed type
             this adapter does not support (DeepSpeed, FSDP, Megatron-LM, XLA), or ``local``
-            with several processes.
+            with processes on several nodes.
     """
 
     def __init__(
@@ -138,12 +139,8 @@ class PreemptibleAccelerator:
         local: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_distributed_type(accelerator)
-        if local is not None and int(accelerator.num_processes) > 1:
-            raise ConfigError(
-                f"local= supports one process yet, this run has {accelerator.num_processes}: "
-                "a two-tier checkpoint has one writer, and every process writes its own state. "
-                "Drop local= to save to the checkpoint folder directly"
-            )
+        if local is not None:
+            _check_one_node(int(accelerator.num_processes))
         config = accelerator.project_configuration
         self.accelerator = accelerator
         self.store = _Store(
@@ -563,7 +560,12 @@ class _Store:
         remote = self._open(url)
         if self.local is None:
             return [remote]
-        return [Checkpointer(self._local_copy(url), keep=1, collective=False), remote]
+        return [Checkpointer(self._local_copy(url), keep=1, collective=self._collective), remote]
+
+    @property
+    def _collective(self) -> bool:
+        """Whether each process saves and loads its own state (several processes) or the one."""
+        return self.processes > 1
 
     def _tiered_store(self, url: str) -> Checkpointer:
         """The two-tier store of ``url``, opened once and kept until its uploads are done."""
@@ -574,7 +576,7 @@ class _Store:
                 url,
                 keep=1,
                 storage_options=self.storage_options or None,
-                collective=False,
+                collective=self._collective,
                 local=self._local_copy(url),
                 local_keep=1,
             )
@@ -615,6 +617,9 @@ class _Store:
         """After a notice's save, committed locally: wait for the uploads for ``budget``
         seconds (None: as long as they take), then leave the rest unfinished."""
         if not self._tiered:
+            return
+        if not self.main_process:  # the main process alone uploads, and says how it went
+            self.close(wait_durable=False)
             return
         deadline = None if budget is None else time.monotonic() + budget
         durable = True
@@ -892,6 +897,20 @@ def _none_valid(
         steps=steps,
         problems=problems,
     )
+
+
+def _check_one_node(processes: int) -> None:
+    """Refuse ``local=`` on several nodes now, not at the first save (which may be a notice's):
+    the processes of a two-tier save share one local folder. The first save checks the rest
+    (one host, one folder) across the processes."""
+    per_node = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    if per_node.isdigit() and int(per_node) < processes:
+        raise ConfigError(
+            f"local= needs every process on one node, but this run has {processes} processes "
+            f"with {per_node} per node (LOCAL_WORLD_SIZE): the processes of a save share one "
+            "local folder, which processes on other nodes cannot write. Run on one node "
+            "(--num_machines=1), or drop local= and save to the checkpoint folder directly"
+        )
 
 
 def _check_distributed_type(accelerator: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -219,10 +220,16 @@ def test_two_tiers_sigterm_uploads_before_the_exit_and_another_node_resumes_bitw
     assert final is not None and final.step == 2 * PER_EPOCH, "close waited for the upload"
 
 
-def test_two_processes_agree_on_the_step_save_together_and_resume_bitwise(tmp_path):
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    _run(_launch(reference, procs=2), tmp_path)
+@pytest.fixture(scope="module")
+def reference_two(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two processes, uninterrupted."""
+    workdir = tmp_path_factory.mktemp("reference-two")
+    _run(_launch(workdir, procs=2), workdir)
+    return workdir
+
+
+def test_two_processes_agree_on_the_step_save_together_and_resume_bitwise(tmp_path, reference_two):
+    reference = reference_two
     workdir = tmp_path / "run"
     workdir.mkdir()
     cmd = _launch(workdir, procs=2)
@@ -248,6 +255,44 @@ def test_two_processes_agree_on_the_step_save_together_and_resume_bitwise(tmp_pa
     _assert_same_result(reference, workdir, ranks=2)
     code, out = _finish(_start([sys.executable, str(SCRIPT), str(workdir)], tmp_path))
     assert code == 1 and "saved by 2 processes, this run has 1" in out, out
+
+
+def test_two_processes_on_two_tiers_upload_the_notice_save_and_resume_locally_bitwise(
+    tmp_path, reference_two
+):
+    """``local=`` with two processes on one node: both write their state to the one local
+    folder, the main process commits it and uploads it before the exit. The restart on the same
+    node finds the remote copy gone (as if its upload had been cut off): each process resumes
+    its own state from the local copy, bitwise, and the main process uploads it again."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    node_a = tmp_path / "node-a"
+    cmd = _launch(workdir, procs=2)
+    proc = _start([*cmd, "--local", str(node_a), "--slow=0.05"], tmp_path)
+    half = PER_EPOCH // 2
+    _wait_for(proc, lambda: min(_progress(workdir, r) for r in (0, 1)) >= half + 3, "epoch 2")
+    trainers = [int(_read(workdir, f"pid-rank{r}")) for r in (0, 1)]
+    os.kill(proc.pid, signal.SIGTERM)  # to the launcher alone: its torchrun agent forwards it
+    code, out = _finish(proc)
+    assert code == (143 if LAUNCHER_EXITS_143 else 1), out
+    wait_gone(trainers, TIMEOUT)
+    assert [_read(workdir, f"exit-rank{r}") for r in (0, 1)] == ["143", "143"], out
+    stopped = _progress(workdir, 0)
+    assert _progress(workdir, 1) == stopped and half < stopped < 2 * half, "one step for both"
+    assert out.count("the checkpoint saved on the notice is durable") == 1, "main process only"
+    for tier in (workdir / "checkpoints", node_a):
+        latest = Checkpointer(tier / "checkpoint_1").latest()
+        assert (latest.step, latest.world_size) == (stopped, 2), f"{tier}: a state per process"
+
+    shutil.rmtree(workdir / "checkpoints" / "checkpoint_1")
+    out = _run([*cmd, "--local", str(node_a)], tmp_path)
+    for rank in (0, 1):
+        assert f"rank {rank} resumed from step {stopped}" in out
+    _assert_same_result(reference_two, workdir, ranks=2)  # rank 1 read rank 1's state
+    again = Checkpointer(workdir / "checkpoints" / "checkpoint_1").latest()
+    assert (again.step, again.world_size) == (stopped, 2), "the local copy was uploaded again"
+    final = Checkpointer(workdir / "checkpoints" / "checkpoint_2").latest()
+    assert (final.step, final.world_size) == (PER_EPOCH, 2), "close waited for the upload"
 
 
 def test_sigkill_in_a_save_leaves_the_previous_checkpoint_whole_with_total_limit_1(

@@ -372,6 +372,19 @@ def test_bad_input_gets_errors_that_say_what_to_do(run, tmp_path):
             next(acc.epochs(-1))
 
 
+def test_two_tiers_over_several_nodes_are_refused_before_the_first_save(monkeypatch):
+    """Processes on several nodes cannot share one local folder: refused when the wrapper is
+    made (the first save may be a notice's), from the launcher's LOCAL_WORLD_SIZE."""
+    from preemptible.accelerate import _check_one_node
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    _check_one_node(4)  # every process on this node
+    with pytest.raises(ConfigError, match=r"8 processes with 4 per node.*--num_machines=1"):
+        _check_one_node(8)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    _check_one_node(8)  # unknown here: the first save checks hosts and folders collectively
+
+
 def test_something_prepared_after_the_first_save_is_named(run):
     r = run()
     with PreemptibleAccelerator(r.accelerator) as acc:

@@ -62,6 +62,9 @@ def train(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace, accelerator: Accelerator) -> None:
     rank = accelerator.process_index
     _write(os.path.join(args.workdir, f"pid-rank{rank}"), f"{os.getpid()}\n")
+    # Each process its own dropout: a resume that gave one process another's RNG states would
+    # train differently (DDP broadcasts the weights of process 0 at prepare()).
+    torch.manual_seed(1000 + rank)
     net = torch.nn.Sequential(
         torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1)
     )
