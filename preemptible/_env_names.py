@@ -27,6 +27,8 @@ ATTEMPT_ENV = "PREEMPTIBLE_ATTEMPT"
 """Which attempt of the job this is, from 1."""
 GPUS_ENV = "PREEMPTIBLE_GPUS"
 """How many GPUs this attempt has: an elastic job's size may change from one to the next."""
+BEAT_ENV = "PREEMPTIBLE_BEAT_SECONDS"
+"""How often the job reports its step to the queue manager, which watches it for hangs."""
 
 # --- what the user or the cluster sets -----------------------------------------------------------
 

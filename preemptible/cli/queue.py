@@ -232,6 +232,23 @@ def submit(
         Path | None,
         typer.Option(help="Working directory \\[default: this one].", show_default=False),
     ] = None,
+    max_restarts: Annotated[
+        int | None,
+        typer.Option(
+            help="Restarts after a crash or a hang, at most its queue's \\[default: the "
+            "queue's, 3 unless configured].",
+            min=0,
+            show_default=False,
+        ),
+    ] = None,
+    hang_after: Annotated[
+        str | None,
+        typer.Option(
+            help="Restart it as hung when its step stands still this long, e.g. 30m "
+            "\\[default: learned from its step times].",
+            show_default=False,
+        ),
+    ] = None,
     url: Url = DEFAULT_URL,
     token: Token = None,
     as_json: AsJson = False,
@@ -262,11 +279,17 @@ def submit(
         body["gpus_multiple"] = gpus_multiple
     if name is not None:
         body["name"] = name
-    if estimate is not None:
-        try:
-            body["estimate_s"] = parse_duration(estimate, key="--estimate")
-        except PreemptibleError as exc:
-            _fail(str(exc))
+    if max_restarts is not None:
+        body["max_restarts"] = max_restarts
+    for option, value, key in (
+        ("--estimate", estimate, "estimate_s"),
+        ("--hang-after", hang_after, "hang_after_s"),
+    ):
+        if value is not None:
+            try:
+                body[key] = parse_duration(value, key=option)
+            except PreemptibleError as exc:
+                _fail(str(exc))
     job = _Client(url, token).call("POST", "/v1/jobs", body=body)
     if as_json:
         _print_json(job)
@@ -368,6 +391,16 @@ def why(
         echo(f"  {clamp}")
     for event in answer["history"]:
         echo(f"  {_clock(event['at'])}  {event['kind']:<12} {event['reason']}")
+        tail = (event.get("data") or {}).get("tail") or ()
+        if tail and event is _newest_failure(answer["history"]):
+            echo("    its last output:")
+            for line in tail:
+                echo(f"    | {line}")
+
+
+def _newest_failure(history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest event that kept a failed attempt's output (`history` is newest first)."""
+    return next((e for e in history if (e.get("data") or {}).get("tail")), None)
 
 
 @app.command()

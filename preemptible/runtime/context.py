@@ -405,6 +405,8 @@ class Context:
         self.schedule.hint_seconds = terms.interval_hint_s
 
     def _at_boundary(self, step: int) -> None:
+        if self.queue_link is not None:
+            self.queue_link.progress(step)  # the manager's hang watch
         if self._unreported is not None and self._unreported.done():
             self._unreported = None
             self._report()  # a background save finished: its cost is known now

@@ -10,6 +10,10 @@ The manager starts each job with its URL, the job's id and the job's own token. 
   (``"kind": "resize", "gpus": N``): the job saves and exits the same way, and the manager
   restarts it on N GPUs. A kind this SDK does not know is handled as a preemption, with a
   warning: saving and exiting is safe whatever the manager meant, ignoring it is not;
+- every `beat_s` seconds (`PREEMPTIBLE_BEAT_SECONDS`, from the manager) a beater posts the
+  loop's step, its slowest step since the last beat and its newest checkpoint to
+  `POST /v1/jobs/{id}/progress`, when the step has moved: the manager restarts a job whose step
+  stands still too long (a hang), and after a crash from the checkpoint it knows of;
 - after the notice save has committed, `ack` posts `POST /v1/jobs/{id}/checkpointed`: the job
   is exiting with nothing left to save, and the manager hands its GPUs on at once. The ack of
   a resize adds ``"kind": "resize", "gpus": N``; that of a preemption is unchanged, so a
@@ -33,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from preemptible._env_names import JOB_ID_ENV, TOKEN_ENV, URL_ENV
+from preemptible._env_names import BEAT_ENV, JOB_ID_ENV, TOKEN_ENV, URL_ENV
 from preemptible.checkpoint import CheckpointCost
 
 log = logging.getLogger("preemptible")
@@ -41,6 +45,8 @@ log = logging.getLogger("preemptible")
 
 NOTICE_WAIT_S = 30.0
 """How long one notice long-poll waits on the server."""
+BEAT_S = 10.0
+"""How often the step is reported when the manager does not say (`PREEMPTIBLE_BEAT_SECONDS`)."""
 MAX_BACKOFF_S = 60.0
 
 
@@ -87,6 +93,7 @@ class QueueLink:
         token: this job's own token (never logged).
         min_interval_s: at most one cost report per this many seconds.
         timeout_s: timeout of one report or ack.
+        beat_s: how often the step is reported (when it has moved).
         transport: an httpx transport, for tests.
     """
 
@@ -98,11 +105,16 @@ class QueueLink:
         *,
         min_interval_s: float = 2.0,
         timeout_s: float = 5.0,
+        beat_s: float = BEAT_S,
         transport: httpx.BaseTransport | None = None,
     ):
         self.job_id = job_id
         self.min_interval_s = min_interval_s
         self.timeout_s = timeout_s
+        self.beat_s = beat_s
+        self._step: tuple[int, float] | None = None  # (step, when), set by the training thread
+        self._slowest_s = 0.0
+        self._checkpoint: tuple[int, float] | None = None  # the newest committed: (step, time)
         self._client = httpx.Client(
             base_url=url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},
@@ -133,7 +145,14 @@ class QueueLink:
                 " and ".join(missing),
             )
             return None
-        return cls(url, job_id, token, **options)
+        beat = env.get(BEAT_ENV, "").strip()
+        try:
+            beat_s = float(beat) if beat else BEAT_S
+        except ValueError:
+            beat_s = BEAT_S
+        if not beat_s > 0 or beat_s == float("inf"):
+            beat_s = BEAT_S
+        return cls(url, job_id, token, **{"beat_s": beat_s, **options})
 
     @property
     def terms(self) -> Terms | None:
@@ -150,7 +169,8 @@ class QueueLink:
     ) -> None:
         """Start reporting costs and watching for a notice (`on_notice` is called once)."""
         self._on_terms = on_terms
-        for name, target in (("reporter", self._report_loop), ("notices", self._watch)):
+        loops = (("reporter", self._report_loop), ("notices", self._watch), ("beat", self._beat))
+        for name, target in loops:
             args = (on_notice,) if name == "notices" else ()
             thread = threading.Thread(
                 target=target, args=args, name=f"preemptible-queue-{name}", daemon=True
@@ -158,9 +178,21 @@ class QueueLink:
             thread.start()
             self._threads.append(thread)
 
+    def progress(self, step: int) -> None:
+        """The loop finished ``step`` (called at every step boundary: no lock, no I/O)."""
+        now = time.monotonic()
+        last = self._step
+        if last is not None and step != last[0]:
+            self._slowest_s = max(self._slowest_s, now - last[1])
+        self._step = (step, now)
+
     def report(self, cost: CheckpointCost) -> None:
-        """Queue `cost` for the reporter (a newer one replaces one not sent yet)."""
+        """Queue `cost` for the reporter (a newer one replaces one not sent yet); its last
+        checkpoint goes out with the next step beat too, which no rate limit holds back."""
         with self._wake:
+            step, at = cost.last_checkpoint_step, cost.last_checkpoint_time
+            if step is not None and at is not None:
+                self._checkpoint = (step, at)
             self._pending = cost
             self._wake.notify_all()
 
@@ -218,6 +250,40 @@ class QueueLink:
                 self._terms = terms
             if self._on_terms is not None:
                 self._on_terms(terms)
+
+    def _beat(self) -> None:
+        """Report the step every `beat_s` when it has moved; a failure is logged once and the
+        next beat tries again (the manager restarts a job only for a step it saw stand still)."""
+        sent: int | None = None
+        while True:
+            next_at = time.monotonic() + self.beat_s
+            with self._wake:  # woken early by a cost report or by close
+                while not self._closed and (left := next_at - time.monotonic()) > 0:
+                    self._wake.wait(timeout=left)
+                if self._closed:
+                    return
+            current = self._step
+            if current is None or current[0] == sent:
+                continue
+            slowest, self._slowest_s = self._slowest_s, 0.0
+            body: dict[str, Any] = {
+                "step": current[0],
+                "step_seconds": round(slowest, 6) if slowest else None,
+            }
+            checkpoint = self._checkpoint
+            if checkpoint is not None:
+                body.update(checkpoint_step=checkpoint[0], checkpoint_time=checkpoint[1])
+            try:
+                response = self._client.post(f"/v1/jobs/{self.job_id}/progress", json=body)
+                response.raise_for_status()
+            except httpx.HTTPError as exc:
+                if self._is_closed():
+                    return
+                self._failed("progress beat", exc)
+                self._slowest_s = max(self._slowest_s, slowest)
+                continue
+            self._recovered("progress beat")
+            sent = current[0]
 
     def _send_cost(self, cost: CheckpointCost) -> Terms | None:
         try:

@@ -185,7 +185,8 @@ def test_a_job_killed_mid_save_restarts_from_its_last_committed_checkpoint(serve
     slow = ("--save-s", "0,0,30", "--slow-marker", str(marker))  # the third save hangs
     with server.client("admin-secret") as admin:
         cmd = train_command(tmp_path / "ckpt", out, *options, *slow)
-        crashed = submit(admin, "research", cmd, gpus=1, cwd=str(tmp_path))
+        # max_restarts=0: this test resubmits by hand (test_queue_restarts restarts by itself)
+        crashed = submit(admin, "research", cmd, gpus=1, cwd=str(tmp_path), max_restarts=0)
         wait_until(
             marker.exists,
             "the slow save to start",

@@ -210,6 +210,40 @@ class ServiceSettings:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RestartSettings:
+    """The `[restarts]` table: what the queue manager does when a job crashes or hangs.
+
+    Read by the queue manager alone; a job's own `max_restarts` and `hang_after` are claims
+    bounded by these (docs/user-guide/queue-manager.md, "Crashes and hangs")."""
+
+    max_restarts: int = 3
+    """A job that fails (exits non-zero or by a signal without a notice, or hangs) is requeued
+    from its last checkpoint up to this many times; a queue's `max_restarts` overrides it, and
+    a job may ask for fewer, never more."""
+    backoff_s: float = 10.0
+    """The wait before the first restart; it doubles with each failure in a row."""
+    backoff_max_s: float = 300.0
+    """The longest wait before a restart."""
+    crash_loop_after: int = 3
+    """Failures in a row that made no progress (no newer checkpoint, or the same failing step)
+    after which the job is failed as a crash loop instead of restarted."""
+    hang_after_s: float | None = None
+    """A running job whose step has not advanced for this long is told to save and exit, then
+    killed and restarted. None: learned per job (`hang_factor` times its slowest step, never
+    less than `hang_min`), once it has reported a step."""
+    hang_min_s: float = 600.0
+    """The shortest learned hang bound."""
+    hang_factor: float = 10.0
+    """The learned hang bound is this many times the job's slowest step so far."""
+    beat_s: float = 10.0
+    """How often a job's SDK reports its step (`PREEMPTIBLE_BEAT_SECONDS`)."""
+
+    def backoff(self, failures_in_a_row: int) -> float:
+        """Seconds before the restart that follows the n-th failure in a row (n >= 1)."""
+        return min(self.backoff_max_s, self.backoff_s * 2.0 ** max(0, failures_in_a_row - 1))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class QueueConfig:
     """A whole parsed configuration."""
 
@@ -233,6 +267,14 @@ class QueueConfig:
     looks the user up and switches to it (docs/user-guide/security.md)."""
     service: ServiceSettings = field(default_factory=ServiceSettings)
     """The rest of the `[service]` table: the HTTP side's limits."""
+    restarts: RestartSettings = field(default_factory=RestartSettings)
+    """The `[restarts]` table: crashes and hangs."""
+    max_restarts: Mapping[str, int] = field(default_factory=dict)
+    """Queue name -> its own `max_restarts` (`[[queues]] max_restarts`), over `restarts`'."""
+
+    def restart_limit(self, queue: str) -> int:
+        """The most restarts a job of `queue` gets (it may ask for fewer)."""
+        return self.max_restarts.get(queue, self.restarts.max_restarts)
 
     def queue(self, name: str) -> Queue:
         """The queue called `name`.
@@ -402,7 +444,7 @@ def _syntax_message(exc: tomllib.TOMLDecodeError, text: str, path: str | Path | 
 
 
 def _parse(data: Mapping[str, Any]) -> QueueConfig:
-    _only(data, {"cluster", "policy", "preemption", "queues", "service"}, ())
+    _only(data, {"cluster", "policy", "preemption", "queues", "service", "restarts"}, ())
     cluster, gpus_auto = _cluster(data.get("cluster"))
     policy = _policy(data.get("policy", {}))
     preemption = _preemption(data.get("preemption", {}))
@@ -412,8 +454,11 @@ def _parse(data: Mapping[str, Any]) -> QueueConfig:
     queues: list[Queue] = []
     tokens: dict[str, str] = {}
     run_as: dict[str, str] = {}
+    max_restarts: dict[str, int] = {}
     for i, raw in enumerate(raw_queues):
         queue, token, user = _queue(raw, i)
+        if isinstance(raw, Mapping) and "max_restarts" in raw:
+            max_restarts[queue.name] = _count(raw["max_restarts"], ("queues", i, "max_restarts"))
         for j, other in enumerate(queues):
             if other.name == queue.name:
                 raise _Invalid(
@@ -435,6 +480,7 @@ def _parse(data: Mapping[str, Any]) -> QueueConfig:
                 f"{cluster.gpus}; lower a nominal quota or raise cluster.gpus",
             )
     admin_token, service = _service(data.get("service", {}))
+    restarts = _restarts(data.get("restarts", {}))
     return QueueConfig(
         cluster=cluster,
         policy=policy,
@@ -445,7 +491,49 @@ def _parse(data: Mapping[str, Any]) -> QueueConfig:
         admin_token=admin_token,
         run_as=run_as,
         service=service,
+        restarts=restarts,
+        max_restarts=max_restarts,
     )
+
+
+def _restarts(raw: Any) -> RestartSettings:
+    """The [restarts] table: crash restarts, their back-off, crash loops and hangs."""
+    durations = {
+        "backoff": "backoff_s",
+        "backoff_max": "backoff_max_s",
+        "hang_after": "hang_after_s",
+        "hang_min": "hang_min_s",
+        "beat": "beat_s",
+    }
+    counts = ("max_restarts", "crash_loop_after")
+    _only(raw, {*durations, *counts, "hang_factor"}, ("restarts",))
+    kwargs: dict[str, Any] = {}
+    for key, attr in durations.items():
+        if key in raw:
+            kwargs[attr] = _positive_seconds(raw[key], ("restarts", key))
+    for key in counts:
+        if key in raw:
+            kwargs[key] = _count(raw[key], ("restarts", key))
+    if kwargs.get("crash_loop_after") == 0:
+        raise _Invalid(
+            ("restarts", "crash_loop_after"),
+            "must be at least 1 (a failure without progress); to never restart a job, set "
+            "max_restarts = 0",
+        )
+    if "hang_factor" in raw:
+        kwargs["hang_factor"] = _number(raw["hang_factor"], ("restarts", "hang_factor"), minimum=1)
+    settings = RestartSettings(**kwargs)
+    if settings.backoff_max_s < settings.backoff_s:
+        raise _Invalid(
+            ("restarts", "backoff_max" if "backoff_max" in raw else "backoff"),
+            f"backoff_max ({settings.backoff_max_s:g}s) is shorter than backoff "
+            f"({settings.backoff_s:g}s); set backoff_max to backoff or more",
+        )
+    return settings
+
+
+def _count(value: Any, key: Key) -> int:
+    return int(_number(value, key, integer=True))
 
 
 _SERVICE_COUNTS = ("burst", "max_connections", "backlog", "notice_polls", "in_flight")
@@ -709,7 +797,8 @@ def _limits(raw: Any, key: Key, *, default: float) -> Limits:
 def _queue(raw: Any, index: int) -> tuple[Queue, str | None, str | None]:
     """The queue, its token spec and the user its jobs run as, as written."""
     where: Key = ("queues", index)
-    _only(raw, {"name", "weight", "nominal", "borrowing_limit", "token", "run_as"}, where)
+    allowed = {"name", "weight", "nominal", "borrowing_limit", "token", "run_as", "max_restarts"}
+    _only(raw, allowed, where)
     name = raw.get("name")
     if name is None:
         raise _Invalid((*where, "name"), "missing; every queue needs a `name`", missing=True)

@@ -138,6 +138,9 @@ class SubmitBody(_Request):
     cwd: Directory | None = None
     min_gpus: Annotated[int, Field(ge=1, le=1024), _NUMBER] | None = None
     gpus_multiple: Annotated[int, Field(ge=1, le=1024), _NUMBER] = 1
+    max_restarts: Annotated[int, Field(ge=0, le=1000), _NUMBER] | None = None
+    """Restarts after a crash or a hang; more than the queue allows is refused (422)."""
+    hang_after_s: Annotated[float, Field(gt=0, le=_WEEK_S), _NUMBER] | None = None
 
     def to_view(self) -> SubmitRequest:
         return SubmitRequest(**self.model_dump())
@@ -164,6 +167,18 @@ class CostBody(BaseModel):
     def to_view(self) -> CostView:
         # observed_exit_seconds is what the manager saw, never what the job claims.
         return CostView(**self.model_dump())
+
+
+class ProgressBody(BaseModel):
+    """`POST /v1/jobs/{id}/progress`: the job's step, and its slowest step since the last."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    step: Annotated[int, Field(ge=0, le=MAX_INT), _NUMBER]
+    step_seconds: Annotated[float, Field(ge=0, le=_WEEK_S), _NUMBER] | None = None
+    checkpoint_step: Annotated[int, Field(ge=0, le=MAX_INT), _NUMBER] | None = None
+    """The newest committed checkpoint, as in the cost report (which is rate-limited)."""
+    checkpoint_time: Annotated[float, Field(ge=0), _NUMBER] | None = None
 
 
 class CheckpointedBody(_Request):
@@ -311,6 +326,24 @@ def report_cost(
 ) -> NegotiationView:
     check_own_job(principal, job_id)
     return manager.report_cost(job_id, body.to_view(), by=principal)
+
+
+@router.post(
+    "/jobs/{job_id}/progress",
+    responses={**_JOB, **_BODY, **error_responses(409)},
+    summary="The job's step, for the hang watch (the job's token)",
+)
+def progress(
+    job_id: str, body: ProgressBody, principal: Caller, manager: Manager
+) -> CheckpointedAnswer:
+    check_own_job(principal, job_id)
+    checkpoint = (
+        None
+        if body.checkpoint_step is None or body.checkpoint_time is None
+        else (body.checkpoint_step, body.checkpoint_time)
+    )
+    manager.progress(job_id, step=body.step, step_s=body.step_seconds, checkpoint=checkpoint)
+    return CheckpointedAnswer()
 
 
 @router.get(

@@ -87,6 +87,14 @@ class QueueManagerProtocol(Protocol):
     def checkpointed(
         self, job_id: str, *, step: int, at: float | None, by: Principal | None = None
     ) -> None: ...
+    def progress(
+        self,
+        job_id: str,
+        *,
+        step: int,
+        step_s: float | None,
+        checkpoint: tuple[int, float] | None = None,
+    ) -> None: ...
     def queues(self) -> list[QueueView]: ...
     def stats(self) -> StatsView: ...
     def events(

@@ -282,6 +282,12 @@ class QueueManager:
             cwd=req.cwd,
             min_gpus=req.min_gpus,
             gpus_multiple=req.gpus_multiple,
+            max_restarts=(
+                self.config.restart_limit(req.queue)
+                if req.max_restarts is None
+                else req.max_restarts
+            ),
+            hang_after_s=req.hang_after_s,
             submitted_at=now,
             pending_since=now,
         )
@@ -325,6 +331,12 @@ class QueueManager:
             raise RequestError(str(exc)) from None
         if req.cwd is not None and not Path(req.cwd).is_dir():
             raise RequestError(f"cwd {req.cwd!r} is not a directory on this machine")
+        limit = self.config.restart_limit(req.queue)
+        if req.max_restarts is not None and req.max_restarts > limit:
+            raise JobSpecError(
+                f"asks for max_restarts {req.max_restarts} but queue {req.queue!r} allows "
+                f"{limit}: ask for {limit} or fewer, or leave it out for {limit}"
+            )
         self._check_range(req)
 
     def _check_range(self, req: SubmitRequest) -> None:
@@ -540,6 +552,25 @@ class QueueManager:
                 crash_point("acked")
             self.changed.notify_all()
 
+    def progress(
+        self,
+        job_id: str,
+        *,
+        step: int,
+        step_s: float | None,
+        checkpoint: tuple[int, float] | None = None,
+    ) -> None:
+        """The job's step beat: what the hang watch measures (`JobRuns.beat`), with its newest
+        checkpoint ((step, time)), kept in memory until the next store write (after a crash
+        the restart is judged by it: `JobRuns.failed`)."""
+        with self.lock:
+            record = self.book.get(job_id)
+            if not record.state.has_process:
+                raise JobStateError(f"job {job_id} is {record.state}, not running")
+            if checkpoint is not None:
+                self._note_checkpoint(record, checkpoint[0], checkpoint[1])
+            self.runs.beat(record, step, step_s, self.clock())
+
     def _note_checkpoint(self, record: JobRecord, step: int | None, at: float) -> float:
         """The job's newest committed checkpoint (never in the future); when it was."""
         when = min(float(at), self.clock())
@@ -582,7 +613,9 @@ class QueueManager:
             if record.state.finished:
                 raise JobStateError(f"job {job_id} has already {record.state}")
             if record.state == JobState.PENDING:
-                self.shell.state.withdraw(job_id)
+                if self.runs.restarting.pop(job_id, None) is None:  # else in no queue yet
+                    self.shell.state.withdraw(job_id)
+                record.restart_at = None
                 self.runs.finish(record, now, JobState.CANCELLED, "cancelled while pending", by=by)
             elif record.state == JobState.RUNNING:
                 record.cancel_requested = True
@@ -648,6 +681,8 @@ class QueueManager:
                 "admissions": dict(self.runs.admissions),
                 "preemptions": dict(self.runs.preemption_counts),
                 "resizes": dict(self.runs.resize_counts),
+                "failures": dict(self.runs.failure_counts),
+                "hangs": dict(self.runs.hang_counts),
                 "cycle_seconds": list(self.cycle_seconds),
                 "cycle_histogram": self.cycle_histogram.snapshot(),
                 "cycles": self.cycles_run,

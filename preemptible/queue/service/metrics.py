@@ -115,10 +115,10 @@ class ManagerCollector:
     """Builds the manager's metric families at each scrape from `metrics_snapshot()`.
 
     The snapshot holds `queue_depth` {queue: n}, `admissions` {queue: n} (since start),
-    `preemptions` {(queue, reason_kind): n} and `resizes` {(queue, "shrink" or "grow"): n}
-    (since start), `cycle_seconds` (recent cycle
-    durations), `cycle_histogram` (a `HistogramCounts` since start) and `signals` (a
-    `StatsView`). A missing key exports nothing for it.
+    `preemptions` {(queue, reason_kind): n}, `resizes` {(queue, "shrink" or "grow"): n},
+    `failures` {(queue, outcome): n} and `hangs` {(queue, "step"): n} (since start),
+    `cycle_seconds` (recent cycle durations), `cycle_histogram` (a `HistogramCounts` since
+    start) and `signals` (a `StatsView`). A missing key exports nothing for it.
     """
 
     def __init__(self, source: MetricsSource) -> None:
@@ -149,6 +149,19 @@ class ManagerCollector:
             "Elastic jobs shrunk or grown since the manager started (not preemptions)",
             "kind",
             snapshot.get("resizes"),
+        )
+        yield _per_queue_counter(
+            "failures",
+            "Attempts that failed (crashed or hung) since the manager started, by what "
+            "followed: restarted, crash_loop, no_restart_left or not_restarted",
+            "outcome",
+            snapshot.get("failures"),
+        )
+        yield _per_queue_counter(
+            "hangs",
+            "Running jobs told to go because their step stood still, since the manager started",
+            "cause",
+            snapshot.get("hangs"),
         )
         yield from _cycle_metrics(snapshot.get("cycle_seconds"))
         histogram = snapshot.get("cycle_histogram")

@@ -40,6 +40,8 @@ class SentNotice:
     """A resize's GPUs for the restart (a grow holds the new ones from the notice on)."""
     resize_kind: str | None = None
     """"shrink" or "grow", for a resize."""
+    restart: bool = False
+    """The job hung: its exit is a failure, restarted like a crash (`JobRuns.failed`)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -103,6 +105,22 @@ class JobRecord:
     last_resized_at: float | None = None
     resizes: int = 0
     """Shrinks and grows so far (not preemptions)."""
+    max_restarts: int | None = None
+    """The restarts after a failure it may have: what it asked for, else its queue's limit
+    when it was submitted (None in records older than restarts: the queue's limit)."""
+    hang_after_s: float | None = None
+    """The job's own hang bound (None: the `[restarts]` table's rule)."""
+    restarts: int = 0
+    """Restarts after a failure (a crash or a hang) so far."""
+    stalled: int = 0
+    """Failures in a row that made no progress (`JobRuns.failed`): a crash loop at
+    `crash_loop_after`."""
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    """The last few failures, oldest first: when, how it ended, its step, its output's tail."""
+    restart_at: float | None = None
+    """A pending job waiting out its back-off after a failure: in no queue before this."""
+    checkpoint_at_start: int | None = None
+    """`last_checkpoint_step` when the current attempt started (did it make progress?)."""
 
     @property
     def reported_cost(self) -> bool:
@@ -192,4 +210,6 @@ class JobRecord:
             min_gpus=self.min_gpus,
             gpus_multiple=self.gpus_multiple,
             resizes=self.resizes,
+            restarts=self.restarts,
+            max_restarts=self.max_restarts,
         )

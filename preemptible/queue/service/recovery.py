@@ -37,7 +37,9 @@ def recover(book: JobBook, runs: JobRuns, now: float) -> None:
         now,
     )
     for record in book.jobs.values():
-        if record.state == JobState.PENDING:
+        if record.state == JobState.PENDING and record.restart_at is not None:
+            runs.restarting[record.id] = record.restart_at  # its back-off after a failure
+        elif record.state == JobState.PENDING:
             runs.shell.submit(record.core_job())
         elif record.state.has_process:
             _readopt(book, runs, record, now)

@@ -13,14 +13,17 @@ at any line recovers (`recovery.py`). It runs under the manager's lock, never al
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from preemptible._env_names import (
     ATTEMPT_ENV,
+    BEAT_ENV,
     COST_FILE_ENV,
     GPUS_ENV,
     GRACE_ENV,
@@ -42,6 +45,28 @@ from preemptible.queue.service.views import JobState, Principal
 
 ACK_EXIT_S = 5.0
 """After a job says it has saved and is exiting, it gets this long before SIGKILL."""
+FAILURES_KEPT = 5
+"""A job's record keeps its last few failures (`JobRecord.failures`)."""
+TAIL_LINES = 20
+"""Lines of a failed attempt's output kept with its failure."""
+TAIL_BYTES = 65536
+"""How much of the end of a failed attempt's output is read for its tail and first error."""
+TAIL_LINE_CHARS = 300
+ERROR_CHARS = 160
+"""The first error line is cut to this in reasons."""
+
+
+@dataclass(slots=True)
+class Progress:
+    """What the running attempt's step beats said (`JobRuns.beat`): kept in memory only; a
+    restarted manager watches again from the next beat."""
+
+    step: int
+    advanced_at: float
+    """When the step last moved on (the manager's clock)."""
+    slowest_s: float
+    """The longest step the job reported in this attempt."""
+
 
 Renegotiate = Callable[[Any, JobRecord, float], object]
 """(transaction, record, now): the job's terms again, after its exit was measured."""
@@ -80,12 +105,20 @@ class JobRuns:
         self.free_gpus = set(range(config.cluster.gpus))
         self.admissions: Counter[str] = Counter()
         self.preemption_counts: Counter[tuple[str, str]] = Counter()
+        self.failure_counts: Counter[tuple[str, str]] = Counter()
+        """(queue, what followed) -> failed attempts since the manager started (`failed`)."""
+        self.hang_counts: Counter[tuple[str, str]] = Counter()
+        """(queue, "step") -> hangs noticed since the manager started."""
         self.resize_counts: Counter[tuple[str, str]] = Counter()
         """(queue, "shrink" or "grow") -> resizes sent since the manager started."""
         self.preempted_at: dict[str, deque[float]] = {q.name: deque() for q in config.queues}
         """When each queue's jobs were requeued after a notice, oldest first."""
         self.dirty = True
         """A run started or ended since the last cycle: the next step runs one."""
+        self.restarting: dict[str, float] = {}
+        """Job id -> when it goes back to its queue, after a failure (`failed`)."""
+        self.progress: dict[str, Progress] = {}
+        """Job id -> its running attempt's step beats (`beat`), for the hang watch."""
 
     # --- scheduler_loop.Runs ------------------------------------------------------------------
 
@@ -108,6 +141,8 @@ class JobRuns:
         record.state = JobState.RUNNING
         record.reason = reason
         record.started_at = now
+        record.checkpoint_at_start = record.last_checkpoint_step
+        self.progress.pop(record.id, None)
         record.runs.append([now, -1.0, float(len(record.gpu_ids))])
         record.handle = None
         record.launch_error = None
@@ -172,6 +207,7 @@ class JobRuns:
                 COST_FILE_ENV: str(self.attempt_path(record.id, 0, "cost") / "cost.json"),
                 ATTEMPT_ENV: str(k),
                 GPUS_ENV: str(len(record.gpu_ids)),
+                BEAT_ENV: f"{self.config.restarts.beat_s:g}",
             }
         )
         size = env[GPUS_ENV]
@@ -205,15 +241,24 @@ class JobRuns:
         *,
         by: Principal | None = None,
         resize: tuple[str, list[int]] | None = None,
+        restart: bool = False,
     ) -> None:
         """Store the notice, then SIGTERM the job's group (a restart sends one never sent);
         `by` asked for it (a cancel), None when a cycle decided it. `resize`: ("shrink" or
-        "grow", the GPUs it restarts on) for a resize, which leaves the job running."""
+        "grow", the GPUs it restarts on) for a resize, which leaves the job running.
+        `restart`: the job hung; its exit is a failure (`failed`)."""
         self._drop_grown(record)  # a cancel that overrides a grow: its new GPUs go back
         record.notice = SentNotice(
-            reason=reason, grace_s=grace_s, sent_at=now, deadline=now + grace_s, for_job=for_job
+            reason=reason,
+            grace_s=grace_s,
+            sent_at=now,
+            deadline=now + grace_s,
+            for_job=for_job,
+            restart=restart,
         )
         data: dict[str, Any] = {"grace_s": grace_s, "for": for_job}
+        if restart:
+            data["hung"] = True
         if resize is None:
             record.state = JobState.PREEMPTING
         else:
@@ -242,7 +287,15 @@ class JobRuns:
         return False
 
     def poll(self, now: float) -> None:
-        """Reap the runs that ended; SIGKILL those past their deadline or their ack's window."""
+        """Reap the runs that ended; SIGKILL those past their deadline or their ack's window;
+        tell those that hang to go; put the failed jobs whose back-off is over back in line."""
+        for job_id, at in list(self.restarting.items()):
+            if at <= now:
+                del self.restarting[job_id]
+                record = self.book.jobs[job_id]
+                record.restart_at = None
+                self.shell.submit(record.core_job())
+                self.dirty = True
         for record in [self.book.jobs[job_id] for job_id in self.shell.state.running]:
             handle = record.handle
             if handle is None:
@@ -258,13 +311,69 @@ class JobRuns:
                 self.exited(record, ended, now)
                 continue
             notice = record.notice
-            if notice is None or notice.killed_at is not None:
+            if notice is None:
+                self._watch_for_hang(record, now)
+                continue
+            if notice.killed_at is not None:
                 continue
             acked_out = notice.acked_at is not None and now >= notice.acked_at + ACK_EXIT_S
             if now >= notice.deadline or acked_out:
                 notice.killed_at = now
                 self.executor.kill(handle)
-                self.book.save(record)
+                why = (
+                    f"still running {ACK_EXIT_S:g} s after it said it had saved"
+                    if acked_out and now < notice.deadline
+                    else f"still running at its notice's deadline ({notice.grace_s:g} s)"
+                )
+                with self.book.store.transaction() as db:
+                    self.book.store.update_job(db, record.id, record.state, record.to_doc())
+                    self.book.event(db, now, "killed", record, f"SIGKILL: {why}", None)
+
+    # --- hangs --------------------------------------------------------------------------------
+
+    def beat(self, record: JobRecord, step: int, step_s: float | None, now: float) -> None:
+        """The job's SDK reports its step (and its slowest step since the last beat)."""
+        seen = self.progress.get(record.id)
+        slowest = max(step_s or 0.0, seen.slowest_s if seen is not None else 0.0)
+        if seen is None or step != seen.step:
+            self.progress[record.id] = Progress(step=step, advanced_at=now, slowest_s=slowest)
+        else:
+            seen.slowest_s = slowest
+
+    def hang_bound(self, record: JobRecord) -> tuple[float, str] | None:
+        """How long the job's step may stand still, and why that long; None: not watched
+        (it has reported no step in this attempt)."""
+        seen = self.progress.get(record.id)
+        if seen is None:
+            return None
+        rules = self.config.restarts
+        if record.hang_after_s is not None:
+            return record.hang_after_s, "its hang_after"
+        if rules.hang_after_s is not None:
+            return rules.hang_after_s, "the queue's hang_after"
+        learned = rules.hang_factor * seen.slowest_s
+        if learned <= rules.hang_min_s:
+            return rules.hang_min_s, "hang_min"
+        return learned, f"{rules.hang_factor:g}x its slowest step, {seen.slowest_s:.3g} s"
+
+    def _watch_for_hang(self, record: JobRecord, now: float) -> None:
+        """A job whose step stands still past its bound is told to save and exit; at the
+        deadline it is killed, and its exit is a failure (restarted, `failed`)."""
+        if record.state != JobState.RUNNING or record.handle is None:
+            return
+        bound = self.hang_bound(record)
+        seen = self.progress.get(record.id)
+        if bound is None or seen is None or now - seen.advanced_at <= bound[0]:
+            return
+        limit, why = bound
+        reason = (
+            f"hung: step {seen.step} has not advanced for {now - seen.advanced_at:.0f} s "
+            f"(bound {limit:.3g} s: {why})"
+        )
+        grace = record.grace_s or grace_seconds(0.0, self.config.preemption)
+        self.hang_counts[(record.queue, "step")] += 1
+        self.send_notice(record, now, reason, grace, None, restart=True)
+        self.shell.state.mark_terminating(record.id, expected_end=now + grace)
 
     def exited(self, record: JobRecord, ended: Exit, now: float) -> None:
         """A run is over: free its GPUs, and requeue it (preempted) or finish it; an elastic
@@ -288,11 +397,11 @@ class JobRuns:
             record.runs[-1][1] = at
         record.notice = None
         self.dirty = True
-        if notice is None or (ended.exit_code == 0 and not record.cancel_requested):
-            done = ended.exit_code == 0
-            state = JobState.COMPLETED if done else JobState.FAILED
-            why = record.launch_error or _exit_words(ended)
-            self.finish(record, now, state, why)
+        if ended.exit_code == 0 and not record.cancel_requested:
+            self.finish(record, now, JobState.COMPLETED, _exit_words(ended))
+            return
+        if notice is None or (notice.restart and not record.cancel_requested):
+            self.failed(record, ended, now, hung=notice)
             return
         # From the SIGTERM: a notice sent only at a restart must not count the downtime.
         took = max(0.0, at - (notice.signalled_at or notice.sent_at))
@@ -330,6 +439,85 @@ class JobRuns:
             self.renegotiate(db, record, now)  # its exit is a measurement: the grace follows
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
         self.shell.submit(record.core_job())
+
+    # --- failures -----------------------------------------------------------------------------
+
+    def restart_limit(self, record: JobRecord) -> int:
+        """The restarts the job gets: what it asked for, within its queue's limit."""
+        limit = self.config.restart_limit(record.queue)
+        return limit if record.max_restarts is None else min(limit, record.max_restarts)
+
+    def failed(
+        self, record: JobRecord, ended: Exit, now: float, *, hung: SentNotice | None = None
+    ) -> None:
+        """The attempt failed: it exited non-zero without a notice, or hung (`hung`, its
+        notice). Restart it from its checkpoint after a back-off, unless it has no restart
+        left, failed to launch, or is in a crash loop: failures in a row that made no progress
+        (no checkpoint newer than the attempt's first, or the same failing step)."""
+        how = record.launch_error or _exit_words(ended)
+        words = how if hung is None else f"{hung.reason}; {how}"
+        failure = self._failure(record, ended, now, words)
+        if failure["error"] is not None and hung is None:
+            words = f"{words} ({failure['error'][:ERROR_CHARS]})"
+            failure["exit"] = words
+        previous = record.failures[-1] if record.failures else None
+        record.failures = [*record.failures, failure][-FAILURES_KEPT:]
+        newer = record.last_checkpoint_step is not None and (
+            record.checkpoint_at_start is None
+            or record.last_checkpoint_step > record.checkpoint_at_start
+        )
+        same_step = (
+            previous is not None
+            and failure["step"] is not None
+            and failure["step"] == previous.get("step")
+        )
+        record.stalled = 0 if newer and not same_step else record.stalled + 1
+        limit = self.restart_limit(record)
+        rules = self.config.restarts
+        outcome = "restarted"
+        if record.launch_error is not None or limit == 0:
+            outcome, why = "not_restarted", words
+        elif record.stalled >= rules.crash_loop_after:
+            outcome, why = "crash_loop", _crash_loop(record, failure)
+        elif record.restarts >= limit:
+            outcome, why = (
+                "no_restart_left",
+                f"{words}; no restart left ({limit} used: max_restarts)",
+            )
+        self.failure_counts[(record.queue, outcome)] += 1
+        if outcome != "restarted":
+            self.finish(record, now, JobState.FAILED, why, failure)
+            return
+        record.restarts += 1
+        wait = rules.backoff(max(1, record.stalled))
+        record.state = JobState.PENDING
+        record.pending_since = now
+        record.restart_at = now + wait
+        self.restarting[record.id] = record.restart_at
+        why = f"{words}; restart {record.restarts} of {limit} in {wait:g} s"
+        if record.last_checkpoint_step is not None:  # the job resumes from its own newest
+            why += f" (last checkpoint reported: step {record.last_checkpoint_step})"
+        record.reason = f"restarting: {why}"
+        data = {**failure, "restart": record.restarts, "of": limit, "in_s": wait}
+        with self.book.store.transaction() as db:
+            self.book.store.update_job(db, record.id, record.state, record.to_doc())
+            self.book.event(db, now, "restarting", record, why, data)
+
+    def _failure(self, record: JobRecord, ended: Exit, now: float, words: str) -> dict[str, Any]:
+        """What is kept of a failed attempt: enough for `queue why` to say what happened."""
+        seen = self.progress.pop(record.id, None)
+        tail, error = output_tail(self.attempt_path(record.id, record.attempts, "log"))
+        return {
+            "at": now,
+            "attempt": record.attempts,
+            "exit": words,
+            "exit_code": ended.exit_code,
+            "signal": ended.signal,
+            "step": None if seen is None else seen.step,
+            "checkpoint_step": record.last_checkpoint_step,
+            "error": error,
+            "tail": tail,
+        }
 
     def _restart_resized(
         self, record: JobRecord, notice: SentNotice, at: float, now: float
@@ -392,6 +580,47 @@ class JobRuns:
         with self.book.store.transaction() as db:
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
             self.book.event(db, now, state.value, record, reason, data, by=by)
+
+
+# A line that reports an error: "RuntimeError: ...", "[rank1]: torch.OutOfMemoryError: ...",
+# "Segmentation fault", "Fatal Python error: ...".
+_ERROR_LINE = re.compile(
+    r"(?:^|\]:\s*)(?:[A-Za-z_][\w.]*(?:Error|Exception)\b:?"
+    r"|Segmentation fault|Fatal Python error|Killed\b|Aborted\b)"
+)
+
+
+def output_tail(path: Path) -> tuple[list[str], str | None]:
+    """The last lines of an attempt's output (stdout and stderr together) and the first line in
+    them that reports an error, each shortened. The first error is what a launcher's report
+    buries (torchrun prints some 60 lines after a worker's own error). A job's output is
+    untrusted: at most `TAIL_BYTES` are read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            data = f.read(TAIL_BYTES)
+    except OSError:
+        return [], None
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if size > TAIL_BYTES and lines:
+        lines = lines[1:]  # the first may be cut
+    kept = [line.rstrip()[:TAIL_LINE_CHARS] for line in lines if line.strip()]
+    error = next((line for line in kept if _ERROR_LINE.search(line)), None)
+    return kept[-TAIL_LINES:], error
+
+
+def _crash_loop(record: JobRecord, failure: dict[str, Any]) -> str:
+    """Why a job is failed as a crash loop, in words."""
+    step = failure["step"]
+    where = f"failing after step {step} each time" if step is not None else "no newer checkpoint"
+    if record.last_checkpoint_step is None:
+        where = "no checkpoint ever" if step is None else where
+    return (
+        f"crash loop: {record.stalled} failures in a row without progress ({where}); "
+        f"not restarted. Last: {failure['exit']}"
+    )
 
 
 def _exit_words(ended: Exit) -> str:

@@ -95,6 +95,11 @@ class SubmitRequest:
     """An elastic job's smallest size (None: rigid); `gpus` is its largest."""
     gpus_multiple: int = 1
     """An elastic job's size is a multiple of this."""
+    max_restarts: int | None = None
+    """Restarts after a crash or a hang (None: the queue's limit; more is refused)."""
+    hang_after_s: float | None = None
+    """Seconds the job's step may stand still before it is restarted as hung (None: the
+    manager's rule, learned from its step times)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -143,6 +148,11 @@ class JobView:
     gpus_multiple: int = 1
     resizes: int = 0
     """How often it was shrunk or grown (not counted in its preemptions)."""
+    restarts: int = 0
+    """How often it was restarted after a crash or a hang."""
+    max_restarts: int | None = None
+    """The restarts it may have (its own ask, or its queue's limit; never above the queue's
+    limit now)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

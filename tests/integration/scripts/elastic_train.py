@@ -23,6 +23,11 @@ each step. ``--stop-at-step`` makes rank 0 alone ask for a stop at the end of ea
 ``--pause-at-step`` makes rank 0 print ``world W: waiting for a notice at step S`` at the end of
 each listed step and wait (up to 120 s) for a notice, such as a SIGTERM, before the ranks agree
 on the boundary: a test's signal then stops the job at exactly that step.
+
+``--fault segv|exit|hang --fault-at STEP [--fault-attempts N]`` breaks the job at the end of
+STEP on the queue manager's attempts 1..N (0: every attempt): rank 0 dies of SIGSEGV, or exits
+3 after printing an error to stderr; for ``hang`` the last rank stops taking part (it sleeps),
+so the others block in the next step's all-reduce, as in a deadlocked collective.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -66,6 +73,9 @@ def main() -> None:
     )
     parser.add_argument("--stop-at-step", type=int, nargs="*", default=[])
     parser.add_argument("--pause-at-step", type=int, nargs="*", default=[])
+    parser.add_argument("--fault", choices=("segv", "exit", "hang"))
+    parser.add_argument("--fault-at", type=int, default=-1)
+    parser.add_argument("--fault-attempts", type=int, default=1)
     args = parser.parse_args()
     if args.samples % args.global_batch:
         parser.error("--samples must be a multiple of --global-batch (each sample once)")
@@ -119,6 +129,8 @@ def main() -> None:
                 ctx.guard.wait(timeout=120)
             if args.step_s:
                 time.sleep(args.step_s)
+            if step == args.fault_at:
+                fault(args.fault, args.fault_attempts, step, rank, world)
         log.close()
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -129,6 +141,22 @@ def main() -> None:
             print("done", flush=True)
     finally:
         dist.destroy_process_group()
+
+
+def fault(kind: str | None, attempts: int, step: int, rank: int, world: int) -> None:
+    """The injected failure of ``--fault`` (on the manager's attempts 1..``attempts``)."""
+    attempt = int(os.environ.get("PREEMPTIBLE_ATTEMPT", "1"))
+    if kind is None or (attempts and attempt > attempts):
+        return
+    if kind == "segv" and rank == 0:
+        print(f"rank 0: segfault at step {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if kind == "exit" and rank == 0:
+        print(f"RuntimeError: injected NCCL error at step {step}", file=sys.stderr, flush=True)
+        os._exit(3)
+    if kind == "hang" and rank == world - 1:
+        print(f"rank {rank}: stops taking part at step {step}", flush=True)
+        time.sleep(600)
 
 
 if __name__ == "__main__":

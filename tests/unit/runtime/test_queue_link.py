@@ -373,3 +373,46 @@ def test_terms_become_the_guards_grace_and_the_auto_interval(manager, tmp_path) 
     reports = [r[2] for r in state.requests if r[1].endswith("/cost")]
     assert reports and all(r["save_seconds_p95"] > 0 for r in reports)  # only measured costs
     assert [i.step for i in Checkpointer(tmp_path).list()][-1] == 29
+
+
+def test_the_step_beat_reports_moving_steps_their_slowest_and_the_checkpoint(manager) -> None:
+    state, url = manager
+    link = link_to(url, beat_s=0.1)
+    link.start(on_notice=lambda n: None)
+
+    def beats() -> list[dict[str, Any]]:
+        return [r[2] for r in state.requests if r[1] == "/v1/jobs/j7/progress"]
+
+    link.progress(0)
+    time.sleep(0.05)
+    link.progress(1)  # a step of about 50 ms
+    link.report(cost(step=1))
+    wait_until(lambda: beats(), "a beat", timeout=10)
+    first = beats()[0]
+    assert first["step"] == 1 and 0.04 < first["step_seconds"] < 1.0
+    assert first["checkpoint_step"] == 1 and first["checkpoint_time"] > 0
+    time.sleep(0.4)  # the step stands still: nothing more is sent
+    assert len(beats()) == 1
+    link.progress(2)
+    wait_until(lambda: len(beats()) == 2, "the next beat", timeout=10)
+    assert beats()[1]["step"] == 2
+    link.close()
+
+
+def test_the_beat_interval_comes_from_the_manager_and_bad_values_fall_back() -> None:
+    env = {
+        "PREEMPTIBLE_QUEUE_URL": "http://127.0.0.1:1",
+        "PREEMPTIBLE_JOB_ID": "j1",
+        "PREEMPTIBLE_TOKEN": "t",
+    }
+    for raw, expected in (("2.5", 2.5), ("", 10.0), ("soon", 10.0), ("-1", 10.0), ("inf", 10.0)):
+        link = QueueLink.from_env({**env, "PREEMPTIBLE_BEAT_SECONDS": raw})
+        assert link is not None and link.beat_s == expected, raw
+        link.close()
+
+
+def test_a_context_beats_its_steps_to_the_manager(manager, tmp_path) -> None:
+    state, url = manager
+    train_with(link_to(url, beat_s=0.05), tmp_path, total=30, every_steps=1000)
+    steps = [r[2]["step"] for r in state.requests if r[1] == "/v1/jobs/j7/progress"]
+    assert steps and steps == sorted(set(steps)) and steps[-1] <= 29, steps

@@ -109,6 +109,7 @@ class FakeQueueManager:
             self.cycles.observe(seconds)
         self.cost_reports: list[tuple[str, CostView]] = []
         self.checkpoints: list[tuple[str, int, float | None]] = []
+        self.beats: list[tuple[str, int, float | None]] = []
         self.notice_waits: list[tuple[str, float]] = []
         self.fail_with: Exception | None = None
         """Raised by every call while set: a manager bug, as the API sees it."""
@@ -259,6 +260,21 @@ class FakeQueueManager:
                 raise JobStateError(f"job {job_id} is {job.view.state}, not running")
             self.checkpoints.append((job_id, step, at))
             self._event("checkpointed", job.view, "saved", {"step": step}, by=by)
+
+    def progress(
+        self,
+        job_id: str,
+        *,
+        step: int,
+        step_s: float | None,
+        checkpoint: tuple[int, float] | None = None,
+    ) -> None:
+        self._maybe_fail()
+        with self._changed:
+            job = self._get(job_id)
+            if job.view.state not in (JobState.RUNNING, JobState.PREEMPTING):
+                raise JobStateError(f"job {job_id} is {job.view.state}, not running")
+            self.beats.append((job_id, step, step_s))
 
     def queues(self) -> list[QueueView]:
         self._maybe_fail()

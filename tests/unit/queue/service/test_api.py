@@ -114,6 +114,7 @@ ENDPOINTS: dict[str, tuple[str, str, dict[str, Any] | None, int, dict[str, bool]
     "cost": ("POST", "/v1/jobs/{id}/cost", {"save_seconds_p95": 5.0}, 200, JOB_ONLY),
     "notice": ("GET", "/v1/jobs/{id}/notice?wait=0", None, 200, JOB_ONLY),
     "checkpointed": ("POST", "/v1/jobs/{id}/checkpointed", {"step": 10}, 200, JOB_ONLY),
+    "progress": ("POST", "/v1/jobs/{id}/progress", {"step": 10}, 200, JOB_ONLY),
     "queues": ("GET", "/v1/queues", None, 200, LISTING),
     "stats": ("GET", "/v1/stats", None, 200, LISTING),
     "events": ("GET", "/v1/events", None, 200, LISTING),
@@ -221,6 +222,7 @@ def test_a_job_token_expires_when_its_job_has_finished(
         ("GET", "notice", None),
         ("POST", "cost", {"save_seconds_p95": 1.0}),
         ("POST", "checkpointed", {"step": 1}),
+        ("POST", "progress", {"step": 1}),
     ):
         response = http.request(method, f"/v1/jobs/{job.id}/{path}", json=body, headers=headers)
         message = assert_error(response, 401, "unauthenticated")
@@ -446,6 +448,22 @@ def test_waiting_pollers_do_not_starve_the_other_routes(
         assert all(p.result(timeout=30).json()["notice"] for p in polls)
 
 
+def test_progress_beats_reach_the_manager_and_a_pending_job_gets_409(
+    http: httpx.Client, fake: FakeQueueManager
+) -> None:
+    job = running_job(fake)
+    headers = job_headers(fake, job)
+    body = {"step": 7, "step_seconds": 0.25}
+    assert http.post(f"/v1/jobs/{job.id}/progress", json=body, headers=headers).json()["ok"]
+    http.post(f"/v1/jobs/{job.id}/progress", json={"step": 8}, headers=headers)
+    assert fake.beats[-2:] == [(job.id, 7, 0.25), (job.id, 8, None)]
+    pending = fake.submit(SubmitRequest(queue="team-a", command=["x"]))
+    late = http.post(
+        f"/v1/jobs/{pending.id}/progress", json={"step": 1}, headers=job_headers(fake, pending)
+    )
+    assert_error(late, 409, "conflict")
+
+
 def test_checkpointed_reaches_the_manager(http: httpx.Client, fake: FakeQueueManager) -> None:
     job = running_job(fake)
     headers = job_headers(fake, job)
@@ -641,6 +659,10 @@ def test_a_huge_body_is_413_declared_or_streamed(http: httpx.Client) -> None:
         ("checkpointed", {"step": -1}),
         ("checkpointed", {"step": "ten"}),
         ("checkpointed", {"step": 1, "extra": 2}),
+        ("progress", {}),
+        ("progress", {"step": -1}),
+        ("progress", {"step": 1, "step_seconds": -0.5}),
+        ("progress", {"step": 1, "step_seconds": "NaN"}),
     ],
 )
 def test_malformed_job_reports_are_422(

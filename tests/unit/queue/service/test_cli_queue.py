@@ -91,8 +91,8 @@ def test_submit_sends_every_option_and_the_command_after_the_dashes(
     result = cli(
         "submit", "--queue", "team-a", "--gpus", "2", "--tier", "high", "--cpus", "8",
         "--memory-gb", "64", "--estimate", "2h", "--name", "exp1", "--env", "A=1",
-        "--env", "B=x=y", "--cwd", str(tmp_path), "--no-gang",
-        "--", "python", "train.py", "--lr", "3e-4",
+        "--env", "B=x=y", "--cwd", str(tmp_path), "--no-gang", "--max-restarts", "1",
+        "--hang-after", "5m", "--", "python", "train.py", "--lr", "3e-4",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     req = fake.submissions[-1]
@@ -100,6 +100,7 @@ def test_submit_sends_every_option_and_the_command_after_the_dashes(
     assert (req.queue, req.gpus, req.tier, req.cpus, req.memory_gb) == ("team-a", 2, "high", 8, 64)
     assert req.estimate_s == 7200 and req.name == "exp1" and req.gang is False
     assert req.env == {"A": "1", "B": "x=y"} and req.cwd == str(tmp_path)
+    assert req.max_restarts == 1 and req.hang_after_s == 300
     job_id = fake.list_jobs()[-1].id
     assert result.stdout.strip() == f"submitted job {job_id} to team-a (pending)"
 
@@ -124,10 +125,11 @@ def test_submit_json_prints_the_job(cli: RunCli) -> None:
     [
         (["--env", "NOVALUE"], "--env expects KEY=VALUE"),
         (["--estimate", "soon"], "--estimate"),
+        (["--hang-after", "later"], "--hang-after"),
         (["--tier", "urgent"], "tier"),
         (["--gpus", "99"], "99 GPUs"),
     ],
-    ids=["env", "estimate", "tier", "too-many-gpus"],
+    ids=["env", "estimate", "hang-after", "tier", "too-many-gpus"],
 )
 def test_a_bad_submission_is_one_error_line_and_exit_2(
     cli: RunCli, args: list[str], words: str

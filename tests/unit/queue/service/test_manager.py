@@ -103,7 +103,14 @@ def mechanism(request: pytest.FixtureRequest) -> Mechanism | None:
 
 
 def submit(
-    m: QueueManager, queue: str, code: str, *, gpus: int = 1, tier: str = "normal", cwd=None
+    m: QueueManager,
+    queue: str,
+    code: str,
+    *,
+    gpus: int = 1,
+    tier: str = "normal",
+    cwd=None,
+    max_restarts: int | None = None,
 ):
     return m.submit(
         SubmitRequest(
@@ -112,6 +119,7 @@ def submit(
             gpus=gpus,
             tier=tier,
             cwd=str(cwd) if cwd else None,
+            max_restarts=max_restarts,
         )
     )
 
@@ -312,13 +320,13 @@ def test_a_job_runs_with_its_gpus_and_token_and_its_exit_is_recorded(tmp_path):
     m = manager(tmp_path / "state")
     code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['PREEMPTIBLE_JOB_ID'])"
     ok = submit(m, "a", code)
-    bad = submit(m, "b", "import sys; sys.exit(3)")
+    bad = submit(m, "b", "import sys; sys.exit(3)", max_restarts=0)
     until(m, lambda: state_of(m, ok.id).finished and state_of(m, bad.id).finished)
     assert state_of(m, ok.id) is JobState.COMPLETED
     assert m.log_path(ok.id).read_text().split() == ["0", ok.id]
     failed = m.get_job(bad.id)
     assert failed.state is JobState.FAILED and failed.exit_code == 3
-    assert "exited with 3" in failed.reason
+    assert "exited with 3" in failed.reason and failed.attempts == 1
     kinds = [e.kind for e in m.events(job_id=ok.id)]
     assert kinds == ["submitted", "admitted", "completed"]
 
