@@ -379,6 +379,7 @@ class JobRuns:
         """A run is over: free its GPUs, and requeue it (preempted) or finish it; an elastic
         job that saved on its resize notice starts again at once on its new GPUs."""
         at = ended.ended_at if ended.ended_at is not None else now
+        seen = self.progress.pop(record.id, None)
         size = record.size
         notice = record.notice
         resizing = notice is not None and notice.kind == "resize" and notice.gpu_ids is not None
@@ -401,7 +402,7 @@ class JobRuns:
             self.finish(record, now, JobState.COMPLETED, _exit_words(ended))
             return
         if notice is None or (notice.restart and not record.cancel_requested):
-            self.failed(record, ended, now, hung=notice)
+            self.failed(record, ended, now, hung=notice, seen=seen)
             return
         # From the SIGTERM: a notice sent only at a restart must not count the downtime.
         took = max(0.0, at - (notice.signalled_at or notice.sent_at))
@@ -448,15 +449,22 @@ class JobRuns:
         return limit if record.max_restarts is None else min(limit, record.max_restarts)
 
     def failed(
-        self, record: JobRecord, ended: Exit, now: float, *, hung: SentNotice | None = None
+        self,
+        record: JobRecord,
+        ended: Exit,
+        now: float,
+        *,
+        hung: SentNotice | None = None,
+        seen: Progress | None = None,
     ) -> None:
         """The attempt failed: it exited non-zero without a notice, or hung (`hung`, its
-        notice). Restart it from its checkpoint after a back-off, unless it has no restart
-        left, failed to launch, or is in a crash loop: failures in a row that made no progress
-        (no checkpoint newer than the attempt's first, or the same failing step)."""
+        notice); `seen`: what its step beats said. Restart it from its checkpoint after a
+        back-off, unless it has no restart left, failed to launch, or is in a crash loop:
+        failures in a row that made no progress (no checkpoint newer than the attempt's first,
+        or the same failing step)."""
         how = record.launch_error or _exit_words(ended)
         words = how if hung is None else f"{hung.reason}; {how}"
-        failure = self._failure(record, ended, now, words)
+        failure = self._failure(record, ended, now, words, seen)
         if failure["error"] is not None and hung is None:
             words = f"{words} ({failure['error'][:ERROR_CHARS]})"
             failure["exit"] = words
@@ -503,9 +511,10 @@ class JobRuns:
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
             self.book.event(db, now, "restarting", record, why, data)
 
-    def _failure(self, record: JobRecord, ended: Exit, now: float, words: str) -> dict[str, Any]:
+    def _failure(
+        self, record: JobRecord, ended: Exit, now: float, words: str, seen: Progress | None
+    ) -> dict[str, Any]:
         """What is kept of a failed attempt: enough for `queue why` to say what happened."""
-        seen = self.progress.pop(record.id, None)
         tail, error = output_tail(self.attempt_path(record.id, record.attempts, "log"))
         return {
             "at": now,
@@ -585,7 +594,7 @@ class JobRuns:
 # A line that reports an error: "RuntimeError: ...", "[rank1]: torch.OutOfMemoryError: ...",
 # "Segmentation fault", "Fatal Python error: ...".
 _ERROR_LINE = re.compile(
-    r"(?:^|\]:\s*)(?:[A-Za-z_][\w.]*(?:Error|Exception)\b:?"
+    r"(?:^|\]:\s*)(?:[A-Za-z_][\w.]*(?:Error|Exception):"
     r"|Segmentation fault|Fatal Python error|Killed\b|Aborted\b)"
 )
 

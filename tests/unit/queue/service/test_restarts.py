@@ -218,6 +218,9 @@ def test_a_job_that_never_beats_is_not_watched_and_the_bound_is_learned(tmp_path
     assert m.runs.hang_bound(record)[0] == 5.0
     record.hang_after_s = 42.0
     assert m.runs.hang_bound(record) == (42.0, "its hang_after")
+    m.cancel(job.id)
+    until(m, lambda: m.get_job(job.id).state is JobState.CANCELLED)
+    assert job.id not in m.runs.progress, "what its beats said goes with the attempt"
 
 
 def test_the_output_tail_is_bounded_and_finds_the_first_error(tmp_path):
@@ -233,7 +236,7 @@ def test_the_output_tail_is_bounded_and_finds_the_first_error(tmp_path):
     log.write_bytes(b"ok\n\xff\xfe broken utf-8 " + b"y" * 400 + b"\nSegmentation fault\n")
     tail, error = output_tail(log)
     assert tail[0] == "ok" and len(tail[1]) == 300 and error == "Segmentation fault"
-    log.write_text("RuntimeErrors are fine here\nno error in this one\n")
+    log.write_text("RuntimeErrors are fine here\nError rate 0.1, no error here\n")
     assert output_tail(log)[1] is None
     assert output_tail(tmp_path / "missing") == ([], None)
 
