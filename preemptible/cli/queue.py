@@ -166,10 +166,22 @@ def serve(
             "read every token (a machine nobody else uses; docs/user-guide/security.md)."
         ),
     ] = False,
+    log_format: Annotated[
+        str,
+        typer.Option(
+            help="plain: one line per decision (start, notice, checkpoint, requeue, restart...) "
+            "with its reason; json: every line a JSON object, a decision's event under "
+            '"decision".'
+        ),
+    ] = "plain",
 ) -> None:
     """Run the queue manager: schedule, launch and preempt jobs; serve the HTTP API and the
     dashboard (http://HOST:PORT/, signed in with a queue or the admin token)."""
+    from preemptible.queue.service.decision_log import FORMATS
     from preemptible.queue.service.server import run_server
+
+    if log_format not in FORMATS:
+        _fail(f"--log-format must be plain or json, got {log_format!r}")
 
     if host not in ("127.0.0.1", "localhost", "::1"):
         echo(
@@ -179,7 +191,14 @@ def serve(
         )
     try:
         where = state or _default_state_dir()
-        run_server(config, where, host, port, allow_jobs_as_root=allow_jobs_as_root)
+        run_server(
+            config,
+            where,
+            host,
+            port,
+            allow_jobs_as_root=allow_jobs_as_root,
+            log_format=log_format,
+        )
     except PreemptibleError as exc:
         _fail(str(exc))
     except OSError as exc:

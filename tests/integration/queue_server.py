@@ -30,7 +30,8 @@ class Server:
     Its jobs may run as root when the tests do (CI runs as root): they are the test's own, on a
     machine no team shares (`allow_jobs_as_root`). `cli`, `env` and `user` start it otherwise:
     as another Unix user, with an interpreter that user may run. `fd_limit` sets its file
-    descriptor limit (soft and hard, so it cannot raise it).
+    descriptor limit (soft and hard, so it cannot raise it); `args` are more options of
+    `queue serve`.
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class Server:
         env: dict[str, str] | None = None,
         user: str | None = None,
         fd_limit: int | None = None,
+        args: list[str] | None = None,
     ):
         self.tmp, self.config, self.tokens = tmp, config, tokens
         self.fd_limit = fd_limit
@@ -53,6 +55,7 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
         self.allow_jobs_as_root = allow_jobs_as_root
         self.cli, self.env, self.user = cli or CLI, env or {}, user
+        self.args = list(args or [])
 
     def start(self) -> None:
         config = self.tmp / "queue.toml"
@@ -60,6 +63,7 @@ class Server:
         args = ["--config", str(config), "--state", str(self.tmp / "state")]
         if self.allow_jobs_as_root:
             args.append("--allow-jobs-as-root")
+        args += self.args
         log = open(self.tmp / "server.log", "ab")  # noqa: SIM115 - closed with the process
         fds = self.fd_limit
 

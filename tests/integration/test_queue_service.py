@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -78,6 +79,52 @@ def test_a_team_runs_a_job_and_another_team_cannot_touch_it(server, tmp_path):
         logs = a.get(f"/v1/jobs/{job['id']}/logs").json()
         assert logs["text"].strip() == "hello"
     assert "a-secret" not in server.log()
+    decisions = [
+        line for line in server.log().splitlines() if "preemptible.queue.decisions" in line
+    ]
+    assert any(
+        f"admitted {job['id']} (a): admitted: within a's nominal quota" in line
+        for line in decisions
+    ), decisions
+    assert any(
+        f"submitted {job['id']} (a): submitted [asked by queue:a]" in line for line in decisions
+    ), decisions
+
+
+def test_json_logs_are_one_object_a_line_with_each_decision(tmp_path):
+    server = Server(tmp_path, CONFIG, TOKENS, args=["--log-format", "json"])
+    server.start()
+    try:
+        with server.client("a-secret") as a:
+            job = submit(a, "a", "import sys; sys.exit(3)", gpus=1, max_restarts=0)
+            wait_for(a, job["id"], {"failed"})
+    finally:
+        server.stop()
+    lines = [json.loads(line) for line in server.log().splitlines() if line.strip()]
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    decided = [line["decision"] for line in lines if "decision" in line]
+    assert [d["kind"] for d in decided if d["job"] == job["id"]] == [
+        "submitted",
+        "admitted",
+        "failed",
+    ], decided
+    failed = decided[-1]
+    assert failed["reason"] == "exited with 3" and failed["data"]["exit_code"] == 3
+    assert decided[0]["by"] == "queue:a" and failed["by"] is None
+    assert "a-secret" not in server.log() and "admin-secret" not in server.log()
+
+
+def test_a_bad_log_format_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "queue.toml").write_text(CONFIG)
+    args = ["--config", str(tmp_path / "queue.toml"), "--state", str(tmp_path / "state")]
+    done = subprocess.run(
+        [*CLI, "queue", "serve", *args, "--log-format", "xml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--log-format must be plain or json, got 'xml'" in done.stderr
 
 
 def test_a_borrower_is_preempted_for_the_lending_queue_and_comes_back(server, tmp_path):

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from preemptible.errors import JobNotFoundError, RequestError
+from preemptible.queue.service.decision_log import log_decision
 from preemptible.queue.service.records import JobRecord
 from preemptible.queue.service.store import Store
 from preemptible.queue.service.views import Principal
@@ -98,6 +99,7 @@ class JobBook:
     ) -> None:
         """Add an audit event about `record` to the transaction `db`; `by` asked for it (None:
         the manager's own decision)."""
+        who = None if by is None else (by.kind.value, by.name)
         self.store.add_event(
             db,
             at=now,
@@ -106,5 +108,6 @@ class JobBook:
             queue=record.queue,
             reason=reason,
             data=data,
-            by=None if by is None else (by.kind.value, by.name),
+            by=who,
         )
+        log_decision(kind, record.id, record.queue, reason, data, who)

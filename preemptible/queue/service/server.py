@@ -28,6 +28,7 @@ from preemptible.queue.service.connections import (
     guarded_protocol,
     keep_alive_seconds,
 )
+from preemptible.queue.service.decision_log import configure_logging
 from preemptible.queue.service.executor import ProcessExecutor
 from preemptible.queue.service.isolation import (
     JobUser,
@@ -106,13 +107,20 @@ def build_manager(
 
 
 def run_server(
-    config_path: Path, state_dir: Path, host: str, port: int, *, allow_jobs_as_root: bool = False
+    config_path: Path,
+    state_dir: Path,
+    host: str,
+    port: int,
+    *,
+    allow_jobs_as_root: bool = False,
+    log_format: str = "plain",
 ) -> None:
     """Serve until interrupted. Raises PreemptibleError (one line to show) for bad set-ups.
 
     Args:
         allow_jobs_as_root: A manager that runs as root starts although a queue has no
             ``run_as``, and that queue's jobs run as root (docs/user-guide/security.md).
+        log_format: "plain" or "json" (`decision_log`).
     """
     from preemptible.queue.service.app import create_app
 
@@ -122,7 +130,10 @@ def run_server(
     users = job_users(config)
     warning = check_job_users(config, users, allow_jobs_as_root=allow_jobs_as_root)
     check_port(host, port)
-    logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"))
+    try:
+        configure_logging(os.environ.get(LOG_LEVEL_ENV, "INFO"), log_format)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (${LOG_LEVEL_ENV}, --log-format)") from None
     quiet_repeats()  # a storm of one error (a flood's refused accepts...) is logged as a count
     limits = connection_limits(config.service)  # before the state file takes a descriptor
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
