@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from preemptible.cli._common import echo
@@ -15,7 +17,7 @@ app = typer.Typer(
     name="preemptible",
     help="Checkpoint-and-preemption layer for PyTorch training on shared GPUs.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion: bash, zsh, fish
     pretty_exceptions_enable=False,
 )
 app.add_typer(ckpt_app, name="ckpt")
@@ -23,6 +25,29 @@ app.add_typer(sim_app, name="sim")
 app.add_typer(queue_app, name="queue")
 app.command("launch", context_settings=LAUNCH_CONTEXT)(launch_command)
 app.command("sidecar")(sidecar_command)
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from preemptible import __version__
+
+        echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the installed version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    """Checkpoint-and-preemption layer for PyTorch training on shared GPUs."""
 
 
 @app.command()
