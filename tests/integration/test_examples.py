@@ -9,6 +9,7 @@ test_sidecar.py, tests/unit/runtime/test_k8s_manifests.py).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,3 +98,58 @@ def test_the_checkpoint_demo_recovers_from_a_torn_save_and_a_flipped_bit(tmp_pat
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "training can resume at" in done.stdout
+
+
+def test_the_example_queue_reclaims_borrowed_gpus_within_the_first_minute(tmp_path):
+    """getting-started.md's shared box: `examples/queue.toml` as it ships, team B borrowing
+    four GPUs of team A's, team A asking for them: B's job is told to go at once, saves, and
+    A's job starts within a minute of its submission; B's comes back and resumes."""
+    import time
+
+    from tests.integration.queue_server import Server, events, wait_for
+    from tests.polling import wait_until
+
+    tokens = {
+        "PREEMPTIBLE_ADMIN_TOKEN": "admin-token",
+        "TEAM_A_TOKEN": "a-token",
+        "TEAM_B_TOKEN": "b-token",
+        "TEAM_C_TOKEN": "c-token",
+    }
+    server = Server(tmp_path, (EXAMPLES / "queue.toml").read_text(), tokens)
+    server.start()
+
+    def job(team: str, steps: int) -> list[str]:
+        script = str(EXAMPLES / "plain_pytorch.py")
+        run = ["--dir", str(tmp_path / f"runs-{team}"), "--steps", str(steps)]
+        return [sys.executable, script, *run, "--every", "20", "--step-seconds", "0.05"]
+
+    try:
+        with server.client("b-token") as b, server.client("a-token") as a:
+            borrower = b.post(
+                "/v1/jobs",
+                json={"queue": "team-b", "command": job("b", 300), "gpus": 6, "cwd": str(REPO)},
+            ).json()
+            wait_for(b, borrower["id"], {"running"})
+            wait_until(  # it is training (a job told to go before its loop starts cannot save)
+                lambda: "step 30 " in b.get(f"/v1/jobs/{borrower['id']}/logs").json()["text"],
+                "the borrower's step 30",
+                timeout=60,
+            )
+            asked = time.time()
+            owner = a.post(
+                "/v1/jobs",
+                json={"queue": "team-a", "command": job("a", 40), "gpus": 4, "cwd": str(REPO)},
+            ).json()
+            started = wait_for(a, owner["id"], {"running", "completed"}, timeout=60)
+            assert started["started_at"] - asked < 60, "team A started within the first minute"
+            notice = next(e for e in events(b, borrower["id"]) if e["kind"] == "notice")
+            assert "reclaim" in notice["reason"], notice
+            assert notice["at"] - asked < 10, "reclaimed at once, not after reclaim_within"
+            back = wait_for(b, borrower["id"], {"completed", "failed"}, timeout=180)
+            params = {"attempt": 2, "limit": 1 << 20}
+            again = b.get(f"/v1/jobs/{borrower['id']}/logs", params=params).json()["text"]
+    finally:
+        server.stop()
+    assert back["state"] == "completed" and back["attempts"] == 2, back
+    first = re.search(r"^step (\d+) ", again, re.MULTILINE)
+    assert first is not None and int(first.group(1)) > 0, "the second attempt resumed"

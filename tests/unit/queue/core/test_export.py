@@ -310,7 +310,7 @@ def test_the_comment_says_what_kueue_cannot_express():
     header = kueue_yaml(example()).split("\n---\n")[0]
     text = " ".join(line.lstrip("# ") for line in header.splitlines())
     assert "terminationGracePeriodSeconds" in text
-    assert "clamp(1.5 * save_p95 + 10s, 30s, 10m)" in text
+    assert "clamp(1.5 * save_p95 + 10s, 30s, 1m)" in text
     assert "Minimum runtime" in text
     assert "half-life of 7d" in text
     assert "fairSharing: {enable: true}" in text
@@ -404,7 +404,7 @@ def test_slurm_conf_values_for_the_example():
     assert [int(p["PriorityTier"]) for p in partitions.values()] == [1, 2, 3, 4]
     for name in ("low", "normal", "high"):
         assert partitions[name]["PreemptMode"] == "REQUEUE"
-        assert partitions[name]["GraceTime"] == "600"  # grace_max = 10m
+        assert partitions[name]["GraceTime"] == "60"  # grace_max = 1m
     assert partitions["critical"]["PreemptMode"] == "OFF"
     assert "GraceTime" not in partitions["critical"]
     assert [p["Default"] for p in partitions.values()] == ["NO", "YES", "NO", "NO"]
@@ -422,7 +422,7 @@ def test_slurm_conf_without_preemption_or_backfill():
 
 def test_slurm_conf_comment_says_what_slurm_cannot_express():
     text = slurm_conf(example())
-    assert "GraceTime is the largest grant (600s = grace_max)" in " ".join(
+    assert "GraceTime is the largest grant (60s = grace_max)" in " ".join(
         line.lstrip("# ") for line in text.splitlines()
     )
     assert "#AccountingStorageType=accounting_storage/slurmdbd" in text
