@@ -374,15 +374,36 @@ def status(
             job["name"],
             job["queue"],
             job["tier"],
-            job["state"],
+            _state(job["state"]),
             _size(job),
             fmt_duration(_waited(job, now)),
-            job["reason"],
+            _reason(job["state"], job["reason"]),
         )
     if jobs:
         console(width=_width()).print(jobs_table)
     else:
         echo("no jobs")
+
+
+STATE_STYLES = {
+    "running": "green",
+    "pending": "yellow",
+    "preempting": "magenta",
+    "completed": "dim",
+    "failed": "bold red",
+    "cancelled": "dim",
+}
+"""Colours of the states on a terminal (none when NO_COLOR is set or output is not a tty)."""
+
+
+def _state(state: str) -> Any:
+    """The state, escaped as every cell, in its colour."""
+    return plain_text(state, style=STATE_STYLES.get(state, ""))
+
+
+def _reason(state: str, reason: str) -> str:
+    """The reason without the state it starts with ("pending: waiting..." beside "pending")."""
+    return reason.removeprefix(f"{state}: ")
 
 
 def _waited(job: dict[str, Any], now: float) -> float:
@@ -405,7 +426,7 @@ def why(
     if as_json:
         _print_json(answer)
         return
-    echo(f"{answer['id']}: {answer['state']}: {answer['reason']}")
+    echo(f"{answer['id']}: {answer['state']}: {_reason(answer['state'], answer['reason'])}")
     for clamp in answer.get("clamped") or ():  # a server older than the caps sends none
         echo(f"  {clamp}")
     for event in answer["history"]:

@@ -507,8 +507,15 @@ def fake_server(monkeypatch: pytest.MonkeyPatch) -> ServerCalls:
     module = types.ModuleType("preemptible.queue.service.server")
 
     def run_server(
-        config_path: Path, state_dir: Path, host: str, port: int, *, allow_jobs_as_root: bool
+        config_path: Path,
+        state_dir: Path,
+        host: str,
+        port: int,
+        *,
+        allow_jobs_as_root: bool,
+        log_format: str = "plain",
     ) -> None:
+        assert log_format == "plain"
         calls.append((config_path, state_dir, host, port, allow_jobs_as_root))
         if "broken" in str(config_path):
             raise ConfigError("queues[0].nominal: expected a table")
@@ -627,3 +634,41 @@ def test_doctor_help_explains_each_mechanism() -> None:
         "Exit status 0 when jobs are contained",
     ):
         assert words in out
+
+
+def test_status_colours_states_on_a_terminal_unless_no_color_and_says_each_state_once(
+    fake: FakeQueueManager, url: str
+) -> None:
+    """Colour needs a terminal: the command runs under a pseudo-terminal here."""
+    import pty
+
+    pending = fake.submit(SubmitRequest(queue="team-a", command=["x"], name="exp"))
+    with fake._changed:
+        fake._set(fake._get(pending.id), reason="pending: waiting for its turn")
+
+    def shown(**env: str) -> str:
+        argv = [sys.executable, "-m", "preemptible", "queue", "status", "--url", url]
+        environ = {**os.environ, "PREEMPTIBLE_TOKEN": TEAM_A_TOKEN, "COLUMNS": "120", **env}
+        if "NO_COLOR" not in env:
+            environ.pop("NO_COLOR", None)
+        out = bytearray()
+        pid, fd = pty.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.execve(sys.executable, argv, environ)
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        os.waitpid(pid, 0)
+        return out.decode()
+
+    coloured = shown()
+    assert "\x1b[33mpending" in coloured, coloured  # yellow
+    plain = shown(NO_COLOR="1")
+    assert "\x1b[33m" not in plain and "pending" in plain, "NO_COLOR: no colour (bold stays)"
+    row = next(line for line in plain.splitlines() if line.startswith(pending.id))
+    assert "waiting for" in row and row.count("pending") == 1, row  # not "pending: waiting"
