@@ -28,6 +28,7 @@ import sys
 from typing import Any, NoReturn
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -126,3 +127,57 @@ def human_bytes(n: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
+
+
+def repeated_options(command: Any, args: list[str]) -> str | None:
+    """Why `args` name one of `command`'s single-valued options twice (click keeps the last
+    without a word: `--policy fifo --policy all` would run all); None when none is."""
+    single: dict[str, Any] = {}
+    for param in command.params:
+        if getattr(param, "param_type_name", "") != "option":
+            continue
+        if param.multiple or getattr(param, "count", False):
+            continue
+        for name in (*param.opts, *param.secondary_opts):
+            single[name] = param
+    seen: dict[str, list[str]] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--" or not arg.startswith("-"):
+            break  # the command's arguments, or a subcommand with options of its own
+        name, has_value, value = arg.partition("=")
+        param = single.get(name)
+        if param is not None:
+            if not has_value and not param.is_flag:
+                value = args[i + 1] if i + 1 < len(args) else ""
+                i += 1
+            seen.setdefault(param.opts[0], []).append(value if value else name)
+        i += 1
+    for option, values in seen.items():
+        if len(values) > 1:
+            return f"{option} given {len(values)} times ({', '.join(values)}): give it once"
+    return None
+
+
+def _refuse_repeats(command: Any, args: list[str]) -> None:
+    problem = repeated_options(command, args)
+    if problem is not None:
+        echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
+
+
+class OnceGroup(typer.core.TyperGroup):
+    """A command group whose single-valued options may be given once (`repeated_options`)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        _refuse_repeats(self, args)
+        return super().parse_args(ctx, args)
+
+
+class OnceCommand(typer.core.TyperCommand):
+    """A command whose single-valued options may be given once (`repeated_options`)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        _refuse_repeats(self, args)
+        return super().parse_args(ctx, args)

@@ -16,7 +16,16 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from preemptible.cli._common import console, echo_json, fail, human_bytes, table, text
+from preemptible.cli._common import (
+    OnceCommand,
+    OnceGroup,
+    console,
+    echo_json,
+    fail,
+    human_bytes,
+    table,
+    text,
+)
 from preemptible.errors import ConfigError, PreemptibleError
 
 if TYPE_CHECKING:
@@ -25,6 +34,7 @@ if TYPE_CHECKING:
 app = typer.Typer(
     help="List, verify and inspect checkpoints under a root (a local path or any fsspec URL).",
     no_args_is_help=True,
+    cls=OnceGroup,
 )
 out = console()
 err = console(stderr=True)
@@ -68,7 +78,7 @@ def _when(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
-@app.command("list")
+@app.command("list", cls=OnceCommand)
 def list_(
     root: RootArg,
     all_: Annotated[bool, typer.Option("--all", help="Also show what is ignored and why.")] = False,
@@ -130,7 +140,7 @@ def _info_json(i: Any) -> dict[str, Any]:
     }
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 def verify(
     root: RootArg,
     step: StepOpt = None,
@@ -203,7 +213,7 @@ def verify(
     raise typer.Exit(1 if bad else 0)
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 def inspect(
     root: RootArg,
     step: Annotated[int | None, typer.Option("--step", help="Step (default: newest).")] = None,

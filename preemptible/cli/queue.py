@@ -26,7 +26,16 @@ from rich.table import Table
 
 from preemptible._env_names import TOKEN_ENV, URL_ENV
 from preemptible._units import fmt_duration
-from preemptible.cli._common import console, echo, echo_json, echo_raw, printable, table
+from preemptible.cli._common import (
+    OnceCommand,
+    OnceGroup,
+    console,
+    echo,
+    echo_json,
+    echo_raw,
+    printable,
+    table,
+)
 from preemptible.cli._common import text as plain_text
 from preemptible.errors import PreemptibleError
 
@@ -37,6 +46,7 @@ ACTIVE_STATES = ("pending", "running", "preempting")
 app = typer.Typer(
     help="Run the queue manager of one shared GPU machine, or talk to it.",
     no_args_is_help=True,
+    cls=OnceGroup,
 )
 
 Url = Annotated[
@@ -144,7 +154,7 @@ def _default_state_dir() -> Path:
     return Path(platformdirs.user_data_dir("preemptible")) / "queue"
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 def serve(
     config: Annotated[
         Path, typer.Option(help="Queue configuration (TOML).", exists=True, dir_okay=False)
@@ -208,7 +218,7 @@ def serve(
 # --- submit --------------------------------------------------------------------------------------
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+@app.command(context_settings={"allow_interspersed_args": False}, cls=OnceCommand)
 def submit(
     command: Annotated[list[str], typer.Argument(help="The program and its arguments (after --).")],
     queue: Annotated[str, typer.Option(help="The queue (your team's).")],
@@ -338,7 +348,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 # --- reading -------------------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 def status(
     queue: Annotated[str | None, typer.Option(help="Only this queue.")] = None,
     state: Annotated[
@@ -416,7 +426,7 @@ def _width() -> int | None:
     return None if sys.stdout.isatty() else 160
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 def why(
     job_id: JobId, url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False
 ) -> None:
@@ -443,7 +453,7 @@ def _newest_failure(history: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((e for e in history if (e.get("data") or {}).get("tail")), None)
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 def cancel(
     job_id: JobId, url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False
 ) -> None:
@@ -455,7 +465,7 @@ def cancel(
         echo(f"{job['id']}: {job['state']} ({job['reason']})")
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 def events(
     since: Annotated[int, typer.Option(help="Only events after this id.", min=0)] = 0,
     queue: Annotated[str | None, typer.Option(help="Only this queue's events.")] = None,
@@ -520,7 +530,7 @@ def _duration(text: str, option: str) -> float:
         _fail(str(exc))
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 def stats(url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False) -> None:
     """The four signals per queue and overall: wait, utilisation, preemptions, least served."""
     answer = _Client(url, token).call("GET", "/v1/stats")
@@ -562,7 +572,7 @@ def signals_table(stats: dict[str, Any]) -> Table:
     return signals
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 def logs(
     job_id: JobId,
     attempt: Annotated[
@@ -635,7 +645,7 @@ _DOCTOR_HELP = (
 )
 
 
-@app.command(help=_DOCTOR_HELP)
+@app.command(help=_DOCTOR_HELP, cls=OnceCommand)
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print the findings as JSON.")] = False,
 ) -> None:
@@ -692,7 +702,7 @@ _EXPORT_HELP = (
 )
 
 
-@app.command("export", help=_EXPORT_HELP)
+@app.command("export", help=_EXPORT_HELP, cls=OnceCommand)
 def export_policy(
     config: Annotated[Path, typer.Argument(help="Queue configuration (TOML).", show_default=False)],
     to: Annotated[

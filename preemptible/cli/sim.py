@@ -19,13 +19,14 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from preemptible._units import fmt_duration
-from preemptible.cli._common import console, echo, table
+from preemptible.cli._common import OnceCommand, OnceGroup, console, echo, table
 from preemptible.errors import PreemptibleError
 
 app = typer.Typer(
     help="Replay a job trace through the scheduling policies in virtual time.",
     invoke_without_command=True,
     no_args_is_help=False,
+    cls=OnceGroup,  # `--policy fifo --policy all` is refused, not run as all
 )
 
 
@@ -263,7 +264,7 @@ def _print_lost_by_kind(out: Any, policies: dict[str, Any]) -> None:
     out.print(by_rule)
 
 
-@app.command("import")
+@app.command("import", cls=OnceCommand)
 def import_cmd(
     source: Annotated[Path, typer.Argument(help="A public trace CSV (Philly, Chronus, ITP...).")],
     out: Annotated[Path, typer.Argument(help="Where to write the canonical trace CSV.")],
@@ -296,7 +297,7 @@ def import_cmd(
     _print_notes(notes)
 
 
-@app.command("synth")
+@app.command("synth", cls=OnceCommand)
 def synth_cmd(
     out: Annotated[Path, typer.Argument(help="Where to write the canonical trace CSV.")],
     jobs: Annotated[int, typer.Option(help="Number of jobs.")] = 5000,
