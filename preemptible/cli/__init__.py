@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from preemptible.cli._common import echo
+from preemptible.cli._common import OnceCommand, OnceGroup, echo
 from preemptible.cli.ckpt import app as ckpt_app
 from preemptible.cli.launch import LAUNCH_CONTEXT, launch_command
 from preemptible.cli.queue import app as queue_app
@@ -19,12 +19,13 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,  # --install-completion / --show-completion: bash, zsh, fish
     pretty_exceptions_enable=False,
+    cls=OnceGroup,
 )
 app.add_typer(ckpt_app, name="ckpt")
 app.add_typer(sim_app, name="sim")
 app.add_typer(queue_app, name="queue")
-app.command("launch", context_settings=LAUNCH_CONTEXT)(launch_command)
-app.command("sidecar")(sidecar_command)
+app.command("launch", context_settings=LAUNCH_CONTEXT, cls=OnceCommand)(launch_command)
+app.command("sidecar", cls=OnceCommand)(sidecar_command)
 
 
 def _print_version(asked: bool) -> None:
@@ -50,7 +51,7 @@ def _options(
     """Checkpoint-and-preemption layer for PyTorch training on shared GPUs."""
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 def version() -> None:
     """Print the installed version."""
     from preemptible import __version__

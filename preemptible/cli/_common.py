@@ -167,8 +167,35 @@ def _refuse_repeats(command: Any, args: list[str]) -> None:
         raise typer.Exit(2)
 
 
+_METAVARS = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "Path": "PATH", "list[str]": "TEXT"}
+
+
+def _no_type(ctx: Any) -> None:
+    return None
+
+
+def plain_metavars(params: list[Any]) -> None:
+    """Help without type markers: a flag shows none (Typer writes `<bool>`), a value its kind
+    as click always did (`--gpus INTEGER`, not `<int>`), an argument its name."""
+    for param in params:
+        if param.metavar is not None:
+            continue
+        if param.param_type_name == "argument":
+            param.metavar = param.name.upper()
+            param.display_type_rich = _no_type  # its name says it; the type would be `<str>`
+        elif getattr(param, "is_flag", False):
+            param.metavar = ""
+        else:
+            param.metavar = _METAVARS.get(param.bare_type(), "VALUE")
+
+
 class OnceGroup(typer.core.TyperGroup):
     """A command group whose single-valued options may be given once (`repeated_options`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params: list[Any] = super().get_params(ctx)  # --help and completion's options too
+        plain_metavars(params)
+        return params
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         _refuse_repeats(self, args)
@@ -177,6 +204,11 @@ class OnceGroup(typer.core.TyperGroup):
 
 class OnceCommand(typer.core.TyperCommand):
     """A command whose single-valued options may be given once (`repeated_options`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params: list[Any] = super().get_params(ctx)  # --help and completion's options too
+        plain_metavars(params)
+        return params
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         _refuse_repeats(self, args)

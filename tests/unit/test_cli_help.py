@@ -37,3 +37,26 @@ def test_completion_scripts_for_bash_zsh_and_fish():
             [command, "--show-completion", shell], capture_output=True, text=True, env=env
         )
         assert done.returncode == 0 and marker in done.stdout, (shell, done.stdout[:300])
+
+
+def test_help_shows_no_type_markers():
+    """Typer writes `<bool>` beside every flag and `<int>` for a number; click's plain kinds
+    (INTEGER, TEXT, PATH) and nothing for a flag read better."""
+    import os
+    import re
+
+    env = {**os.environ, "COLUMNS": "100"}
+    for command in (
+        [], ["queue"], ["queue", "submit"], ["queue", "status"], ["queue", "serve"],
+        ["sim"], ["ckpt", "list"], ["launch"], ["sidecar"],
+    ):  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "preemptible", *command, "--help"],
+            capture_output=True, text=True, check=True, env=env,
+        ).stdout  # fmt: skip
+        assert not re.search(r"<(bool|str|int|float|list\[str\]|path)\b", out), (command, out)
+    submit = subprocess.run(
+        [sys.executable, "-m", "preemptible", "queue", "submit", "--help"],
+        capture_output=True, text=True, check=True, env=env,
+    ).stdout  # fmt: skip
+    assert re.search(r"--gpus\s+INTEGER", submit) and re.search(r"--cwd\s+PATH", submit)
