@@ -18,7 +18,6 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from preemptible._units import fmt_duration
 from preemptible.cli._common import OnceCommand, OnceGroup, console, echo, table
 from preemptible.errors import PreemptibleError
 
@@ -210,7 +209,7 @@ def _progress(quiet: bool) -> Any:
 
 
 def _print_tables(report: dict[str, Any]) -> None:
-    from preemptible.sim.kpis import COMPARISON_COLUMNS, format_metric
+    from preemptible.sim.kpis import COMPARISON_COLUMNS, column_format, duration_unit
 
     out = console()
     if not out.is_terminal:
@@ -218,21 +217,33 @@ def _print_tables(report: dict[str, Any]) -> None:
     policies = report["policies"]
     first = next(iter(policies.values()))
     o = first["overall"]
-    overall = table(
-        title=(
-            f"{report['trace']}: {o['jobs']} jobs on {o['gpus']} GPUs, demand "
-            f"{o['demand_ratio']:.2f}x supply, checkpointing {report['checkpointing']}"
-        )
+    where = (
+        f"{report['trace']}: {o['jobs']} jobs on {o['gpus']} GPUs, demand "
+        f"{o['demand_ratio']:.2f}x supply, checkpointing {report['checkpointing']}"
     )
+    if len(policies) > 1:
+        out.print(where)
+        out.print(_summary(policies))
+    overall = table(title=where if len(policies) == 1 else "every signal, per policy")
     overall.add_column("policy")
+    formats = []
     for column in COMPARISON_COLUMNS:
-        overall.add_column(column.label, justify="right")
+        label, fmt = column_format(column, [m["overall"][column.key] for m in policies.values()])
+        overall.add_column(label, justify="right")
+        formats.append((column.key, fmt))
     for name, metrics in policies.items():
-        ov = metrics["overall"]
-        overall.add_row(name, *(format_metric(ov[c.key], c.kind) for c in COMPARISON_COLUMNS))
+        overall.add_row(name, *(fmt(metrics["overall"][key]) for key, fmt in formats))
     out.print(overall)
     queues = list(first["queues"])
-    per_queue = table(title="p95 wait per queue (max wait)")
+    waits = [
+        m["queues"][q][key]
+        for m in policies.values()
+        for q in queues
+        if q in m["queues"]
+        for key in ("p95_wait_s", "max_wait_s")
+    ]
+    unit, per = duration_unit(waits)
+    per_queue = table(title=f"p95 wait (max wait) per queue, {unit}")
     per_queue.add_column("queue")
     for name in policies:
         per_queue.add_column(name, justify="right")
@@ -240,12 +251,45 @@ def _print_tables(report: dict[str, Any]) -> None:
         row = [q]
         for metrics in policies.values():
             m = metrics["queues"].get(q)
-            row.append(
-                f"{fmt_duration(m['p95_wait_s'])} ({fmt_duration(m['max_wait_s'])})" if m else "-"
-            )
+            row.append(f"{_in(m['p95_wait_s'], per)} ({_in(m['max_wait_s'], per)})" if m else "-")
         per_queue.add_row(*row)
     out.print(per_queue)
     _print_lost_by_kind(out, policies)
+
+
+def _in(seconds: float, per: float) -> str:
+    value = seconds / per
+    return f"{value:.1f}" if value >= 1 or value == 0 else f"{value:.2f}"
+
+
+SUMMARY = (
+    ("goodput", "goodput", True),
+    ("utilization", "utilisation", True),
+    ("p95_wait_s", "p95 wait", False),
+    ("max_wait_least_served_s", "max wait of the least served queue", False),
+    ("lost_gpu_s", "work lost to preemption", False),
+)
+"""The signals the summary compares: (key, words, higher is better)."""
+
+
+def _summary(policies: dict[str, Any]) -> Any:
+    """The report's opening: on each main signal, the policy judged (`preemptible`, else the
+    first) against the best of the others, and which one that is."""
+    from preemptible.sim.kpis import COMPARISON_COLUMNS, column_format
+
+    judged = "preemptible" if "preemptible" in policies else next(iter(policies))
+    columns = {c.key: c for c in COMPARISON_COLUMNS}
+    summary = table(title=f"summary: {judged} against the best other policy")
+    for heading in ("signal", judged, "best other", "which"):
+        summary.add_column(heading, justify="left" if heading in ("signal", "which") else "right")
+    for key, words, higher in SUMMARY:
+        values = {name: m["overall"][key] for name, m in policies.items()}
+        others = {n: v for n, v in values.items() if n != judged}
+        best = (max if higher else min)(others, key=lambda n: others[n])
+        label, fmt = column_format(columns[key], list(values.values()))
+        unit = label[label.rfind("(") :] if label.endswith(")") else ""
+        summary.add_row(f"{words} {unit}".strip(), fmt(values[judged]), fmt(others[best]), best)
+    return summary
 
 
 def _print_lost_by_kind(out: Any, policies: dict[str, Any]) -> None:

@@ -223,7 +223,7 @@ def _notes(report: Mapping[str, Any]) -> str:
 
 def _comparison_table(policies: Mapping[str, Any]) -> str:
     best = _best_cells(policies)
-    head = "".join(f"<th>{escape(c.label)}</th>" for c in COMPARISON_COLUMNS)
+    head = "".join(f"<th>{escape(c.heading)}</th>" for c in COMPARISON_COLUMNS)
     rows = []
     for name, metrics in policies.items():
         cells = "".join(

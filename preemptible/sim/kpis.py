@@ -24,7 +24,7 @@ that the drain at the end of a finite trace, when demand has stopped, does not c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, get_args
 
 from preemptible._percentile import nearest_rank
@@ -135,8 +135,15 @@ class Column(NamedTuple):
     """Key in the `overall` metrics."""
     label: str
     kind: str
-    """How to print it: "pct", "dur", "gpuh", "count" or "num" (`format_metric`)."""
+    """How to print it: "pct", "dur", "gpuh", "gpuh_small", "count" or "num" (`format_metric`)."""
     higher_is_better: bool
+
+    @property
+    def heading(self) -> str:
+        """The label with its unit where every value has the same one (durations print their
+        own: `fmt_duration`)."""
+        unit = {"gpuh": " (GPU-h)", "gpuh_small": " (GPU-h)"}.get(self.kind, "")
+        return self.label + unit
 
 
 COMPARISON_COLUMNS = (
@@ -147,9 +154,39 @@ COMPARISON_COLUMNS = (
     Column("mean_jct_s", "mean JCT", "dur", False),
     Column("p95_jct_s", "p95 JCT", "dur", False),
     Column("preemptions_per_hour", "preempt/h", "num", False),
-    Column("lost_gpu_s", "lost GPU-h", "gpuh", False),
-    Column("lost_gpu_s_per_preemption", "lost GPU-s/preempt", "num", False),
+    Column("lost_gpu_s", "lost", "gpuh", False),
+    Column("lost_gpu_s_per_preemption", "lost per preempt", "gpuh_small", False),
 )
+
+
+def duration_unit(seconds: list[float]) -> tuple[str, float]:
+    """One unit for a column of durations, from its largest: ("h", 3600), ("min", 60) or
+    ("s", 1), so that a column never mixes 108.8m and 4.7h."""
+    largest = max(seconds, default=0.0)
+    if largest >= 7200:
+        return "h", 3600.0
+    if largest >= 120:
+        return "min", 60.0
+    return "s", 1.0
+
+
+def _in_unit(value: float) -> str:
+    """One decimal, two below one unit (56 s is 0.02 h, not 0.0 h)."""
+    return f"{value:.1f}" if value >= 1 or value == 0 else f"{value:.2f}"
+
+
+def column_format(column: Column, values: list[float]) -> tuple[str, Callable[[float], str]]:
+    """A column's heading with its unit, and how each of its values prints in that unit."""
+    if column.kind == "dur":
+        unit, per = duration_unit(values)
+        return f"{column.label} ({unit})", lambda v: _in_unit(v / per)
+    if column.kind == "gpuh":
+        return f"{column.label} (GPU-h)", lambda v: f"{v / 3600:,.1f}"
+    if column.kind == "gpuh_small":
+        return f"{column.label} (GPU-h)", lambda v: f"{v / 3600:,.2f}"
+    if column.kind == "pct":
+        return f"{column.label} (%)", lambda v: f"{100 * v:.1f}"
+    return column.label, lambda v: format_metric(v, column.kind)
 
 
 def format_metric(value: float, kind: str) -> str:
@@ -160,6 +197,8 @@ def format_metric(value: float, kind: str) -> str:
         return fmt_duration(value)
     if kind == "gpuh":
         return f"{value / 3600:.1f}"
+    if kind == "gpuh_small":
+        return f"{value / 3600:.2f}"
     if kind == "count":
         return f"{value:,.0f}"
     return f"{value:.2f}" if value < 100 else f"{value:.0f}"

@@ -47,6 +47,29 @@ def test_sim_writes_the_json_contract_and_a_table(tmp_path, small_trace, small_c
     row = next(line for line in proc.stdout.split(title)[1].splitlines() if "preemptible" in line)
     for kind, lost_s in ours["lost_gpu_s_by_kind"].items():
         assert f"{lost_s / 3600:,.1f} ({ours['preemptions_by_kind'][kind]:,})" in row, kind
+    # the report opens with the summary: ours against the best other policy on each signal
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"{small_trace}: ") and "summary: preemptible" in lines[1]
+    summary = proc.stdout.split("every signal, per policy")[0]
+    p95 = next(line for line in summary.splitlines() if "p95 wait (" in line)
+    unit = p95.split("p95 wait (")[1].split(")")[0]
+    per = {"h": 3600, "min": 60, "s": 1}[unit]
+    others = {n: m["overall"]["p95_wait_s"] for n, m in report["policies"].items()}
+    best = min((n for n in others if n != "preemptible"), key=lambda n: others[n])
+    cells = [c.strip() for c in p95.split("│") if c.strip()]
+    assert cells[1:] == [
+        f"{ours['p95_wait_s'] / per:.1f}",
+        f"{others[best] / per:.1f}",
+        best,
+    ], p95
+    # one unit per column, stated once in its heading: no "108.8m" beside "4.7h"
+    table = proc.stdout.split("every signal, per policy")[1].split("p95 wait (max wait)")[0]
+    assert "mean JCT (" in table and not any(
+        cell.strip().endswith(("m", "h"))
+        for line in table.splitlines()
+        for cell in line.split("│")
+        if cell.strip()[:1].isdigit()
+    ), table
 
 
 def test_single_policy(tmp_path, small_trace, small_config):
