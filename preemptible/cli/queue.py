@@ -15,6 +15,7 @@ and print a table, or the server's JSON with `--json`. A refused request prints 
 
 from __future__ import annotations
 
+import fnmatch
 import sys
 import time
 from pathlib import Path
@@ -93,6 +94,20 @@ class _Client:
     ) -> Any:
         """The answer's JSON; exits 2 on a 4xx, 1 when the server cannot be reached."""
         return self.request(method, path, params=params, body=body).json()
+
+    def try_call(self, method: str, path: str) -> tuple[Any, str | None]:
+        """(the answer's JSON, None), or (None, why) on a 4xx: one of many calls that may
+        fail on its own (a job already finished); exits 1 when the server cannot be reached."""
+        try:
+            response = self._http.request(method, path)
+        except httpx.TransportError:
+            self.request(method, path)  # the one-line failure, exit 1
+            raise
+        if 400 <= response.status_code < 500:
+            return None, self._message(response)
+        if response.status_code >= 500:
+            _fail(self._message(response), code=1)
+        return response.json(), None
 
     def every_page(self, path: str, *, params: dict[str, Any] | None = None) -> list[Any]:
         """Every item of a listing: its pages, following `Link: <...>; rel="next"`."""
@@ -261,6 +276,9 @@ def submit(
         Path | None,
         typer.Option(help="Working directory \\[default: this one].", show_default=False),
     ] = None,
+    hold: Annotated[
+        bool, typer.Option("--hold", help="Submit it held: it waits until `release`.")
+    ] = False,
     max_restarts: Annotated[
         int | None,
         typer.Option(
@@ -310,6 +328,8 @@ def submit(
         body["name"] = name
     if max_restarts is not None:
         body["max_restarts"] = max_restarts
+    if hold:
+        body["hold"] = True
     for option, value, key in (
         ("--estimate", estimate, "estimate_s"),
         ("--hang-after", hang_after, "hang_after_s"),
@@ -453,16 +473,112 @@ def _newest_failure(history: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((e for e in history if (e.get("data") or {}).get("tail")), None)
 
 
+JobIds = Annotated[
+    list[str] | None,
+    typer.Argument(help="Job ids (as `submit` and `status` show them).", show_default=False),
+]
+Team = Annotated[
+    str | None, typer.Option("--queue", help="Every job of this queue that --state selects.")
+]
+Pattern = Annotated[
+    str | None,
+    typer.Option("--name", help="Only jobs whose name matches this shell pattern (exp-*)."),
+]
+
+
 @app.command(cls=OnceCommand)
 def cancel(
-    job_id: JobId, url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False
+    job_ids: JobIds = None,
+    queue: Team = None,
+    state: Annotated[
+        str | None,
+        typer.Option(help="Only jobs in this state (pending, running...) \\[default: active]."),
+    ] = None,
+    name: Pattern = None,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    as_json: AsJson = False,
 ) -> None:
-    """Cancel a job: a running one gets its notice and grace, then is killed."""
-    job = _Client(url, token).call("DELETE", f"/v1/jobs/{job_id}")
-    if as_json:
-        _print_json(job)
-    else:
-        echo(f"{job['id']}: {job['state']} ({job['reason']})")
+    """Cancel jobs: by id (`cancel j7 j9`), or every active job that --queue, --state and
+    --name select (`cancel --queue team-a --name 'sweep-*'`). A running job gets its notice
+    and grace, then is killed; a pending one is gone at once."""
+    _each(_Client(url, token), "DELETE", "", job_ids, queue, state, name, as_json)
+
+
+@app.command(cls=OnceCommand)
+def hold(
+    job_ids: JobIds = None,
+    queue: Team = None,
+    name: Pattern = None,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Keep pending jobs out of their queue until `release` (they keep their place)."""
+    client = _Client(url, token)
+    _each(client, "POST", "/hold", job_ids, queue, None, name, as_json, among=("pending",))
+
+
+@app.command(cls=OnceCommand)
+def release(
+    job_ids: JobIds = None,
+    queue: Team = None,
+    name: Pattern = None,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Put held jobs back in their queue."""
+    client = _Client(url, token)
+    _each(client, "POST", "/release", job_ids, queue, None, name, as_json, held=True)
+
+
+def _each(
+    client: _Client,
+    method: str,
+    suffix: str,
+    job_ids: list[str] | None,
+    queue: str | None,
+    state: str | None,
+    name: str | None,
+    as_json: bool,
+    *,
+    held: bool = False,
+    among: tuple[str, ...] = ACTIVE_STATES,
+) -> None:
+    """Do `method /v1/jobs/{id}{suffix}` for the ids given, or for the jobs the filters
+    select (in the states `among`, else `state`; only held ones with `held`); a line per job,
+    and exit 2 if any was refused (the others are still done)."""
+    if job_ids and (queue or name or state):
+        _fail("give job ids, or --queue/--state/--name to select jobs, not both")
+    if not job_ids and not (queue or name):
+        _fail("give job ids, or --queue and/or --name to select the jobs")
+    ids = list(job_ids or ())
+    if not ids:
+        states = [state] if state else list(among if not held else ("pending",))
+        for one in states:
+            for job in client.every_page("/v1/jobs", params={"queue": queue, "state": one}):
+                if (name is None or fnmatch.fnmatchcase(job["name"], name)) and (
+                    not held or job.get("held")
+                ):
+                    ids.append(job["id"])
+        if not ids:
+            echo("no job matches")
+            return
+    answers, refused = [], 0
+    for job_id in ids:
+        job, problem = client.try_call(method, f"/v1/jobs/{job_id}{suffix}")
+        if problem is not None:
+            refused += 1
+            echo(f"error: {job_id}: {problem}", err=True)
+            continue
+        answers.append(job)
+        if not as_json:
+            echo(f"{job['id']}: {job['state']} ({job['reason']})")
+    if as_json:  # one id asked for: its job, as before there were many
+        _print_json(answers[0] if job_ids and len(ids) == 1 and answers else answers)
+    if refused:
+        raise typer.Exit(2)
 
 
 @app.command(cls=OnceCommand)

@@ -141,6 +141,8 @@ class SubmitBody(_Request):
     max_restarts: Annotated[int, Field(ge=0, le=1000), _NUMBER] | None = None
     """Restarts after a crash or a hang; more than the queue allows is refused (422)."""
     hang_after_s: Annotated[float, Field(gt=0, le=_WEEK_S), _NUMBER] | None = None
+    hold: StrictBool = False
+    """Submit it held: it waits out of its queue until released."""
 
     def to_view(self) -> SubmitRequest:
         return SubmitRequest(**self.model_dump())
@@ -308,6 +310,26 @@ def get_job(job_id: str, principal: Caller, manager: Manager) -> JobView:
 def cancel(job_id: str, principal: Caller, manager: Manager) -> JobView:
     check_job_access(manager, principal, job_id)
     return manager.cancel(job_id, by=principal)
+
+
+@router.post(
+    "/jobs/{job_id}/hold",
+    responses={**_JOB, **error_responses(409)},
+    summary="Keep a pending job out of its queue until released",
+)
+def hold(job_id: str, principal: Caller, manager: Manager) -> JobView:
+    check_job_access(manager, principal, job_id)
+    return manager.hold(job_id, by=principal)
+
+
+@router.post(
+    "/jobs/{job_id}/release",
+    responses={**_JOB, **error_responses(409)},
+    summary="Put a held job back in its queue",
+)
+def release(job_id: str, principal: Caller, manager: Manager) -> JobView:
+    check_job_access(manager, principal, job_id)
+    return manager.release(job_id, by=principal)
 
 
 @router.get("/jobs/{job_id}/why", responses=_JOB, summary="Why pending, why preempted")

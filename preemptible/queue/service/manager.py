@@ -282,6 +282,7 @@ class QueueManager:
             cwd=req.cwd,
             min_gpus=req.min_gpus,
             gpus_multiple=req.gpus_multiple,
+            held=req.hold,
             max_restarts=(
                 self.config.restart_limit(req.queue)
                 if req.max_restarts is None
@@ -292,6 +293,8 @@ class QueueManager:
             pending_since=now,
         )
         record.grace_s = grace_seconds(0.0, self.config.preemption)
+        if record.held:
+            record.reason = "held: submitted held; release it to schedule it"
         token_hash = _hash(self._job_token(job_id))
         doc = record.to_doc()
 
@@ -303,7 +306,8 @@ class QueueManager:
         crash_point("submitted")
         with self.changed:
             self.book.add(seq, record, token_hash)
-            self.shell.submit(record.core_job())
+            if not record.held:
+                self.shell.submit(record.core_job())
             self.runs.dirty = True
             self.changed.notify_all()
             return record.view()
@@ -602,6 +606,67 @@ class QueueManager:
                     return None
                 self.notice_sent.wait(timeout=left)
 
+    # --- hold and release ---------------------------------------------------------------------
+
+    def hold(self, job_id: str, *, by: Principal | None = None) -> JobView:
+        """Keep a pending job out of its queue until `release`; its place, priority and any
+        restart back-off are kept.
+
+        Raises:
+            JobStateError: the job is not pending (a running job: cancel it, or let it run).
+        """
+        with self.changed:
+            now = self.clock()
+            record = self.book.get(job_id)
+            if record.held:
+                return record.view()
+            if record.state != JobState.PENDING:
+                raise JobStateError(
+                    f"job {job_id} is {record.state}: only a pending job can be held (cancel a "
+                    "running one, or let it run)"
+                )
+            if job_id not in self.runs.restarting:
+                self.shell.state.withdraw(job_id)
+            record.held = True
+            record.reason = "held: release it to schedule it"
+            with self.store.transaction() as db:
+                self.store.update_job(db, job_id, record.state, record.to_doc())
+                self.book.event(db, now, "held", record, "held until released", by=by)
+            self.runs.dirty = True
+            self.changed.notify_all()
+            return record.view()
+
+    def release(self, job_id: str, *, by: Principal | None = None) -> JobView:
+        """Put a held job back in its queue (or back to its restart back-off).
+
+        Raises:
+            JobStateError: the job is not held.
+        """
+        with self.changed:
+            now = self.clock()
+            record = self.book.get(job_id)
+            if not record.held:
+                raise JobStateError(f"job {job_id} is not held ({record.state})")
+            record.held = False
+            if job_id in self.runs.restarting:
+                record.reason = "restarting: released; waiting out its back-off"
+            else:
+                record.reason = "pending: released"
+                self.shell.submit(record.core_job())
+            with self.store.transaction() as db:
+                self.store.update_job(db, job_id, record.state, record.to_doc())
+                self.book.event(db, now, "released", record, "released", by=by)
+            self.runs.dirty = True
+            self.changed.notify_all()
+            return record.view()
+
+    def _out_of_queue(self, record: JobRecord) -> None:
+        """Take a pending job out of its queue, wherever it waits: in the core, in a restart
+        back-off, or held (in neither)."""
+        if self.runs.restarting.pop(record.id, None) is None and not record.held:
+            self.shell.state.withdraw(record.id)
+        record.held = False
+
     # --- cancel -------------------------------------------------------------------------------
 
     def cancel(self, job_id: str, *, by: Principal | None = None) -> JobView:
@@ -613,8 +678,7 @@ class QueueManager:
             if record.state.finished:
                 raise JobStateError(f"job {job_id} has already {record.state}")
             if record.state == JobState.PENDING:
-                if self.runs.restarting.pop(job_id, None) is None:  # else in no queue yet
-                    self.shell.state.withdraw(job_id)
+                self._out_of_queue(record)
                 record.restart_at = None
                 self.runs.finish(record, now, JobState.CANCELLED, "cancelled while pending", by=by)
             elif record.state == JobState.RUNNING:

@@ -121,6 +121,8 @@ class JobRecord:
     """A pending job waiting out its back-off after a failure: in no queue before this."""
     checkpoint_at_start: int | None = None
     """`last_checkpoint_step` when the current attempt started (did it make progress?)."""
+    held: bool = False
+    """A pending job kept out of its queue until released (`QueueManager.hold`)."""
 
     @property
     def reported_cost(self) -> bool:
@@ -212,4 +214,5 @@ class JobRecord:
             resizes=self.resizes,
             restarts=self.restarts,
             max_restarts=self.max_restarts,
+            held=self.held,
         )

@@ -39,6 +39,8 @@ def recover(book: JobBook, runs: JobRuns, now: float) -> None:
     for record in book.jobs.values():
         if record.state == JobState.PENDING and record.restart_at is not None:
             runs.restarting[record.id] = record.restart_at  # its back-off after a failure
+        elif record.state == JobState.PENDING and record.held:
+            continue  # out of its queue until released
         elif record.state == JobState.PENDING:
             runs.shell.submit(record.core_job())
         elif record.state.has_process:

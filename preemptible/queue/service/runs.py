@@ -294,7 +294,8 @@ class JobRuns:
                 del self.restarting[job_id]
                 record = self.book.jobs[job_id]
                 record.restart_at = None
-                self.shell.submit(record.core_job())
+                if not record.held:  # a held one goes back to its queue on release
+                    self.shell.submit(record.core_job())
                 self.dirty = True
         for record in [self.book.jobs[job_id] for job_id in self.shell.state.running]:
             handle = record.handle

@@ -100,6 +100,8 @@ class SubmitRequest:
     hang_after_s: float | None = None
     """Seconds the job's step may stand still before it is restarted as hung (None: the
     manager's rule, learned from its step times)."""
+    hold: bool = False
+    """Submit it held: it waits, out of its queue, until released."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -153,6 +155,8 @@ class JobView:
     max_restarts: int | None = None
     """The restarts it may have (its own ask, or its queue's limit; never above the queue's
     limit now)."""
+    held: bool = False
+    """Pending and held: not scheduled until released."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

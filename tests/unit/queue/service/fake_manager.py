@@ -203,6 +203,26 @@ class FakeQueueManager:
             self._event("cancelled", job.view, "cancelled by request", by=by)
             return job.view
 
+    def hold(self, job_id: str, *, by: Principal | None = None) -> JobView:
+        self._maybe_fail()
+        with self._changed:
+            job = self._get(job_id)
+            if job.view.state is not JobState.PENDING:
+                raise JobStateError(f"job {job_id} is {job.view.state}: only a pending job")
+            self._set(job, held=True, reason="held: release it to schedule it")
+            self._event("held", job.view, "held until released", by=by)
+            return job.view
+
+    def release(self, job_id: str, *, by: Principal | None = None) -> JobView:
+        self._maybe_fail()
+        with self._changed:
+            job = self._get(job_id)
+            if not job.view.held:
+                raise JobStateError(f"job {job_id} is not held ({job.view.state})")
+            self._set(job, held=False, reason="pending: released")
+            self._event("released", job.view, "released", by=by)
+            return job.view
+
     def why(self, job_id: str) -> WhyView:
         self._maybe_fail()
         with self._changed:

@@ -109,6 +109,9 @@ ENDPOINTS: dict[str, tuple[str, str, dict[str, Any] | None, int, dict[str, bool]
     "list-queue": ("GET", "/v1/jobs?queue=team-a", None, 200, QUEUE_OR_ADMIN),
     "get": ("GET", "/v1/jobs/{id}", None, 200, QUEUE_OR_ADMIN),
     "cancel": ("DELETE", "/v1/jobs/{id}", None, 202, QUEUE_OR_ADMIN),
+    # the target runs: hold and release answer 409 to whoever may ask (not 403)
+    "hold": ("POST", "/v1/jobs/{id}/hold", None, 409, QUEUE_OR_ADMIN),
+    "release": ("POST", "/v1/jobs/{id}/release", None, 409, QUEUE_OR_ADMIN),
     "why": ("GET", "/v1/jobs/{id}/why", None, 200, QUEUE_OR_ADMIN),
     "logs": ("GET", "/v1/jobs/{id}/logs", None, 200, QUEUE_OR_ADMIN),
     "cost": ("POST", "/v1/jobs/{id}/cost", {"save_seconds_p95": 5.0}, 200, JOB_ONLY),

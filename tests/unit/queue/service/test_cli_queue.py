@@ -241,6 +241,47 @@ def test_cancel_then_cancel_again(cli: RunCli, fake: FakeQueueManager) -> None:
     assert again.exit_code == 2 and "already" in one_error_line(again)
 
 
+def test_cancel_many_by_id_or_by_queue_state_and_name(cli: RunCli, fake: FakeQueueManager) -> None:
+    sweep = [
+        fake.submit(SubmitRequest(queue="team-a", command=["x"], name=f"sweep-{i}")).id
+        for i in range(3)
+    ]
+    other = fake.submit(SubmitRequest(queue="team-a", command=["x"], name="pretrain")).id
+    theirs = fake.submit(SubmitRequest(queue="team-b", command=["x"], name="sweep-b")).id
+    result = cli("cancel", "--queue", "team-a", "--name", "sweep-*")
+    assert result.exit_code == 0, result.output
+    assert sorted(line.split(":")[0] for line in result.stdout.splitlines()) == sorted(sweep)
+    assert {fake.get_job(j).state.value for j in sweep} == {"cancelled"}
+    assert fake.get_job(other).state.value == "pending"
+    assert fake.get_job(theirs).state.value == "pending", "another queue's: not selected"
+    # by id: each is done, a refusal is said on its own line and makes the exit 2
+    both = cli("cancel", other, sweep[0])
+    assert both.exit_code == 2 and both.stdout.startswith(f"{other}: cancelled")
+    assert both.stderr.strip() == f"error: {sweep[0]}: job {sweep[0]} has already cancelled"
+    assert cli("cancel", "--name", "nothing-*", "--queue", "team-a").stdout.strip() == (
+        "no job matches"
+    )
+    for bad in (["cancel"], ["cancel", other, "--queue", "team-a"]):
+        assert cli(*bad).exit_code == 2
+
+
+def test_hold_and_release_pending_jobs(cli: RunCli, fake: FakeQueueManager) -> None:
+    jobs = [
+        fake.submit(SubmitRequest(queue="team-a", command=["x"], name=f"h{i}")).id for i in (1, 2)
+    ]
+    held = cli("hold", *jobs)
+    assert held.exit_code == 0 and all("held" in line for line in held.stdout.splitlines())
+    assert all(fake.get_job(j).held for j in jobs)
+    released = cli("release", "--queue", "team-a", "--name", "h*")
+    assert released.exit_code == 0, released.output
+    assert not any(fake.get_job(j).held for j in jobs)
+    running = started(fake)
+    refused = cli("hold", running.id)
+    assert refused.exit_code == 2 and "only a pending job" in one_error_line(refused)
+    submitted = cli("submit", "--queue", "team-a", "--hold", "--", "true")
+    assert submitted.exit_code == 0 and fake.submissions[-1].hold is True
+
+
 def test_an_unknown_job_is_exit_2(cli: RunCli) -> None:
     for command in ("why", "cancel", "logs"):
         result = cli(command, "no-such-job")

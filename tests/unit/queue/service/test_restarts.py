@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from preemptible.errors import ConfigError, JobSpecError
+from preemptible.errors import ConfigError, JobSpecError, JobStateError
 from preemptible.queue.core import RestartSettings, parse_config, parse_config_text
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.metrics import ManagerCollector
@@ -261,3 +261,51 @@ def test_the_restarts_table_is_checked_and_explained():
     ):
         with pytest.raises(ConfigError, match=re.escape(message)):
             parse_config_text(f"[cluster]\ngpus = 1\n{text}\n")
+
+
+def test_a_held_job_waits_out_of_its_queue_until_released_even_across_a_restart(tmp_path):
+    state = tmp_path / "state"
+    m = manager(state)
+    held = submit(m, "print('ran')", hold=True)
+    assert held.held and held.reason.startswith("held: ")
+    for _ in range(3):
+        m.step()
+    assert m.get_job(held.id).state is JobState.PENDING and m.jobs[held.id].attempts == 0
+    m.store.close()
+    m = manager(state)  # recovered: still held, in no queue
+    for _ in range(3):
+        m.step()
+    assert m.jobs[held.id].attempts == 0 and held.id not in m.shell.state.pending
+    released = m.release(held.id)
+    assert not released.held and released.reason == "pending: released"
+    until(m, lambda: m.get_job(held.id).state is JobState.COMPLETED)
+    assert kinds(m, held.id) == ["submitted", "released", "admitted", "completed"]
+    with pytest.raises(JobStateError, match="not held"):
+        m.release(held.id)
+
+
+def test_hold_and_release_a_pending_job_and_one_in_its_back_off(tmp_path):
+    m = manager(tmp_path / "state", backoff="1s", backoff_max="2s")
+    big = m.submit(SubmitRequest(queue="a", command=[PY, "-c", STUBBORN], gpus=2))
+    until(m, lambda: m.get_job(big.id).state is JobState.RUNNING)
+    with pytest.raises(JobStateError, match="only a pending job can be held"):
+        m.hold(big.id)
+    waiting = submit(m, "pass")
+    m.step()
+    assert m.hold(waiting.id).held and waiting.id not in m.shell.state.pending
+    assert m.hold(waiting.id).held, "holding a held job changes nothing"
+    m.release(waiting.id)
+    assert waiting.id in m.shell.state.pending
+    m.cancel(waiting.id)
+    m.cancel(big.id)
+    crashing = submit(m, "import sys; sys.exit(1)", max_restarts=1)
+    until(m, lambda: m.jobs[crashing.id].restart_at is not None)
+    m.hold(crashing.id)
+    time.sleep(1.2)
+    for _ in range(3):
+        m.step()
+    assert m.jobs[crashing.id].attempts == 1, "held: its back-off ended, it did not restart"
+    m.release(crashing.id)
+    until(m, lambda: m.get_job(crashing.id).state.finished)
+    assert m.jobs[crashing.id].attempts == 2
+    assert m.get_job(waiting.id).state is JobState.CANCELLED
