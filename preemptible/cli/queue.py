@@ -279,6 +279,14 @@ def submit(
     hold: Annotated[
         bool, typer.Option("--hold", help="Submit it held: it waits until `release`.")
     ] = False,
+    after: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Start after this job: ID or ID:ok (it succeeded), ID:any (it ended), "
+            "ID:started; repeatable. One that cannot happen any more cancels this job.",
+            show_default=False,
+        ),
+    ] = None,
     max_restarts: Annotated[
         int | None,
         typer.Option(
@@ -330,6 +338,8 @@ def submit(
         body["max_restarts"] = max_restarts
     if hold:
         body["hold"] = True
+    if after:
+        body["after"] = list(after)
     for option, value, key in (
         ("--estimate", estimate, "estimate_s"),
         ("--hang-after", hang_after, "hang_after_s"),

@@ -118,6 +118,10 @@ _YEAR_S = 365 * 86400.0
 _WEEK_S = 7 * 86400.0
 
 
+AfterSpec = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}(:(ok|any|started))?$")]
+"""A dependency: a job's id, and optionally ":ok", ":any" or ":started"."""
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -143,6 +147,8 @@ class SubmitBody(_Request):
     hang_after_s: Annotated[float, Field(gt=0, le=_WEEK_S), _NUMBER] | None = None
     hold: StrictBool = False
     """Submit it held: it waits out of its queue until released."""
+    after: Annotated[list[AfterSpec], Field(max_length=64)] = Field(default_factory=list)
+    """Jobs it waits for: "ID" or "ID:ok" (succeeded), "ID:any" (finished), "ID:started"."""
 
     def to_view(self) -> SubmitRequest:
         return SubmitRequest(**self.model_dump())
@@ -237,6 +243,8 @@ _BODY = error_responses(400, 413)
 @router.post("/jobs", status_code=201, responses=_BODY, summary="Submit a job")
 def submit(body: SubmitBody, principal: Caller, manager: Manager) -> JobView:
     check_may_submit(principal, body.queue)
+    for dependency in body.after:  # a job may wait only for jobs its submitter may see
+        check_job_access(manager, principal, dependency.split(":")[0])
     return manager.submit(body.to_view(), by=principal)
 
 

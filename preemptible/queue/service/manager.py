@@ -52,7 +52,7 @@ from preemptible.queue.core.negotiation import (
     negotiate,
 )
 from preemptible.queue.scheduler_loop import Shell
-from preemptible.queue.service import kpis
+from preemptible.queue.service import dependencies, kpis
 from preemptible.queue.service.book import JobBook
 from preemptible.queue.service.crash_points import crash_point
 from preemptible.queue.service.executor import (
@@ -64,7 +64,7 @@ from preemptible.queue.service.log_limits import Outage
 from preemptible.queue.service.metrics import STEP_GAP_BUCKETS_S, DurationHistogram
 from preemptible.queue.service.records import JobRecord
 from preemptible.queue.service.recovery import recover
-from preemptible.queue.service.runs import JobRuns
+from preemptible.queue.service.runs import JobRuns, waiting_words
 from preemptible.queue.service.steady_clock import SteadyClock
 from preemptible.queue.service.store import GroupCommit, Store
 from preemptible.queue.service.views import (
@@ -283,6 +283,7 @@ class QueueManager:
             min_gpus=req.min_gpus,
             gpus_multiple=req.gpus_multiple,
             held=req.hold,
+            after=self._dependencies(req),
             max_restarts=(
                 self.config.restart_limit(req.queue)
                 if req.max_restarts is None
@@ -295,6 +296,8 @@ class QueueManager:
         record.grace_s = grace_seconds(0.0, self.config.preemption)
         if record.held:
             record.reason = "held: submitted held; release it to schedule it"
+        elif record.after:
+            record.reason = f"pending: waiting for {waiting_words(record.after)}"
         token_hash = _hash(self._job_token(job_id))
         doc = record.to_doc()
 
@@ -306,11 +309,26 @@ class QueueManager:
         crash_point("submitted")
         with self.changed:
             self.book.add(seq, record, token_hash)
-            if not record.held:
+            if record.after:
+                self.runs.waiting.add(job_id)
+            elif not record.held:
                 self.shell.submit(record.core_job())
             self.runs.dirty = True
             self.changed.notify_all()
             return record.view()
+
+    def _dependencies(self, req: SubmitRequest) -> list[str]:
+        """The jobs `req` waits for, as "ID:CONDITION", each checked to exist.
+
+        Raises:
+            JobNotFoundError: a dependency names no job.
+        """
+        found = []
+        for given in req.after:
+            job_id, condition = dependencies.parse(given)
+            self.book.get(job_id)
+            found.append(dependencies.spec(job_id, condition))
+        return list(dict.fromkeys(found))
 
     def _check(self, req: SubmitRequest) -> None:
         names = {q.name for q in self.config.queues}
@@ -625,7 +643,7 @@ class QueueManager:
                     f"job {job_id} is {record.state}: only a pending job can be held (cancel a "
                     "running one, or let it run)"
                 )
-            if job_id not in self.runs.restarting:
+            if job_id in self.shell.state.pending:
                 self.shell.state.withdraw(job_id)
             record.held = True
             record.reason = "held: release it to schedule it"
@@ -650,6 +668,8 @@ class QueueManager:
             record.held = False
             if job_id in self.runs.restarting:
                 record.reason = "restarting: released; waiting out its back-off"
+            elif job_id in self.runs.waiting:
+                record.reason = f"pending: released; waiting for {waiting_words(record.after)}"
             else:
                 record.reason = "pending: released"
                 self.shell.submit(record.core_job())
@@ -662,8 +682,10 @@ class QueueManager:
 
     def _out_of_queue(self, record: JobRecord) -> None:
         """Take a pending job out of its queue, wherever it waits: in the core, in a restart
-        back-off, or held (in neither)."""
-        if self.runs.restarting.pop(record.id, None) is None and not record.held:
+        back-off, for its dependencies, or held (in none of them)."""
+        self.runs.restarting.pop(record.id, None)
+        self.runs.waiting.discard(record.id)
+        if record.id in self.shell.state.pending:
             self.shell.state.withdraw(record.id)
         record.held = False
 

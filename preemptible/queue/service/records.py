@@ -123,6 +123,8 @@ class JobRecord:
     """`last_checkpoint_step` when the current attempt started (did it make progress?)."""
     held: bool = False
     """A pending job kept out of its queue until released (`QueueManager.hold`)."""
+    after: list[str] = field(default_factory=list)
+    """Its dependencies not met yet, "ID:CONDITION" (`dependencies.py`): in no queue before."""
 
     @property
     def reported_cost(self) -> bool:
@@ -215,4 +217,5 @@ class JobRecord:
             restarts=self.restarts,
             max_restarts=self.max_restarts,
             held=self.held,
+            after=list(self.after),
         )

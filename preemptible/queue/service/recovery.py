@@ -37,12 +37,13 @@ def recover(book: JobBook, runs: JobRuns, now: float) -> None:
         now,
     )
     for record in book.jobs.values():
-        if record.state == JobState.PENDING and record.restart_at is not None:
-            runs.restarting[record.id] = record.restart_at  # its back-off after a failure
-        elif record.state == JobState.PENDING and record.held:
-            continue  # out of its queue until released
-        elif record.state == JobState.PENDING:
-            runs.shell.submit(record.core_job())
+        if record.state == JobState.PENDING:
+            if record.after:
+                runs.waiting.add(record.id)  # its dependencies, checked at each poll
+            if record.restart_at is not None:
+                runs.restarting[record.id] = record.restart_at  # its back-off after a failure
+            elif not record.held and not record.after:
+                runs.shell.submit(record.core_job())
         elif record.state.has_process:
             _readopt(book, runs, record, now)
 

@@ -36,6 +36,7 @@ from preemptible.queue.core import Job, Preempt, QueueConfig, RunningJob
 from preemptible.queue.core.model import Admit, Resize
 from preemptible.queue.core.negotiation import grace_seconds
 from preemptible.queue.scheduler_loop import Leaving, Shell
+from preemptible.queue.service import dependencies
 from preemptible.queue.service.book import JobBook
 from preemptible.queue.service.crash_points import crash_point
 from preemptible.queue.service.executor import Exit, ExitKind, LaunchSpec, ProcessExecutor
@@ -117,6 +118,8 @@ class JobRuns:
         """A run started or ended since the last cycle: the next step runs one."""
         self.restarting: dict[str, float] = {}
         """Job id -> when it goes back to its queue, after a failure (`failed`)."""
+        self.waiting: set[str] = set()
+        """Pending jobs whose dependencies are not all met: in no queue (`dependencies.py`)."""
         self.progress: dict[str, Progress] = {}
         """Job id -> its running attempt's step beats (`beat`), for the hang watch."""
 
@@ -297,6 +300,8 @@ class JobRuns:
                 if not record.held:  # a held one goes back to its queue on release
                     self.shell.submit(record.core_job())
                 self.dirty = True
+        for job_id in sorted(self.waiting):
+            self._check_dependencies(self.book.jobs[job_id], now)
         for record in [self.book.jobs[job_id] for job_id in self.shell.state.running]:
             handle = record.handle
             if handle is None:
@@ -329,6 +334,45 @@ class JobRuns:
                 with self.book.store.transaction() as db:
                     self.book.store.update_job(db, record.id, record.state, record.to_doc())
                     self.book.event(db, now, "killed", record, f"SIGKILL: {why}", None)
+
+    # --- dependencies -------------------------------------------------------------------------
+
+    def _check_dependencies(self, record: JobRecord, now: float) -> None:
+        """Drop the dependencies now met; cancel the job if one never will be; put it in its
+        queue once none is left (unless it is held)."""
+        left = []
+        for given in record.after:
+            job_id, condition = dependencies.parse(given)
+            other = self.book.jobs[job_id]
+            verdict = dependencies.state_of(other, condition)
+            if verdict is dependencies.Dependency.NEVER:
+                self.waiting.discard(record.id)
+                why = (
+                    f"its dependency {job_id} {other.state.value} before it could "
+                    f"{'start' if condition == 'started' else 'succeed'} (it waited for "
+                    f"{dependencies.words(job_id, condition)})"
+                )
+                self.finish(record, now, JobState.CANCELLED, why, {"after": given})
+                self.dirty = True
+                return
+            if verdict is dependencies.Dependency.WAITING:
+                left.append(given)
+        if left == record.after:
+            return
+        met = [d for d in record.after if d not in left]
+        record.after = left
+        if left:
+            record.reason = f"pending: waiting for {waiting_words(left)}"
+        else:
+            self.waiting.discard(record.id)
+            record.reason = "pending: its dependencies are met"
+            if not record.held:
+                self.shell.submit(record.core_job())
+            self.dirty = True
+        with self.book.store.transaction() as db:
+            self.book.store.update_job(db, record.id, record.state, record.to_doc())
+            why = f"{', '.join(met)} met" + ("" if left else ": it joins its queue")
+            self.book.event(db, now, "dependency", record, why, {"met": met, "left": left})
 
     # --- hangs --------------------------------------------------------------------------------
 
@@ -598,6 +642,11 @@ _ERROR_LINE = re.compile(
     r"(?:^|\]:\s*)(?:[A-Za-z_][\w.]*(?:Error|Exception):"
     r"|Segmentation fault|Fatal Python error|Killed\b|Aborted\b)"
 )
+
+
+def waiting_words(after: list[str]) -> str:
+    """ "j3 to succeed and j4 to start", for a reason."""
+    return " and ".join(dependencies.words(*dependencies.parse(d)) for d in after)
 
 
 def output_tail(path: Path) -> tuple[list[str], str | None]:

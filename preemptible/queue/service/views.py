@@ -102,6 +102,9 @@ class SubmitRequest:
     manager's rule, learned from its step times)."""
     hold: bool = False
     """Submit it held: it waits, out of its queue, until released."""
+    after: list[str] = field(default_factory=list)
+    """Jobs it waits for, each "ID" or "ID:ok" (succeeded), "ID:any" (finished) or
+    "ID:started"; one that can no longer happen cancels it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -157,6 +160,8 @@ class JobView:
     limit now)."""
     held: bool = False
     """Pending and held: not scheduled until released."""
+    after: list[str] = field(default_factory=list)
+    """Its dependencies not met yet ("ID:ok", "ID:any" or "ID:started")."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

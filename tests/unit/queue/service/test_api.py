@@ -237,6 +237,25 @@ def test_a_queue_token_cannot_submit_to_another_queue(http: httpx.Client) -> Non
     assert "team-a" in assert_error(response, 403, "forbidden")
 
 
+def test_a_job_may_wait_only_for_jobs_its_submitter_may_see(
+    http: httpx.Client, fake: FakeQueueManager
+) -> None:
+    theirs = fake.submit(SubmitRequest(queue="team-b", command=["x"]))
+    mine = fake.submit(SubmitRequest(queue="team-a", command=["x"]))
+    body = {"queue": "team-a", "command": ["x"], "after": [f"{theirs.id}:ok"]}
+    assert "team-b" in assert_error(http.post("/v1/jobs", json=body, headers=TEAM_A), 403)
+    body["after"] = ["nope"]
+    assert_error(http.post("/v1/jobs", json=body, headers=TEAM_A), 404, "not_found")
+    for bad in (["j1:maybe"], ["j 1"], [f"{mine.id}:"], [mine.id] * 65):
+        body["after"] = bad
+        assert_error(http.post("/v1/jobs", json=body, headers=TEAM_A), 422)
+    body["after"] = [mine.id, f"{mine.id}:started"]
+    assert http.post("/v1/jobs", json=body, headers=TEAM_A).status_code == 201
+    assert fake.submissions[-1].after == [mine.id, f"{mine.id}:started"]
+    body["after"] = [f"{theirs.id}:any"]
+    assert http.post("/v1/jobs", json=body, headers=ADMIN).status_code == 201
+
+
 def test_an_unknown_job_is_404_for_the_admin_and_for_a_queue(http: httpx.Client) -> None:
     for headers in (ADMIN, TEAM_A):
         for path in ("/v1/jobs/nope", "/v1/jobs/nope/why", "/v1/jobs/nope/logs"):

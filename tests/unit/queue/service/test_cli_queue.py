@@ -88,11 +88,13 @@ def one_error_line(result: Result) -> str:
 def test_submit_sends_every_option_and_the_command_after_the_dashes(
     cli: RunCli, fake: FakeQueueManager, tmp_path: Path
 ) -> None:
+    first = fake.submit(SubmitRequest(queue="team-a", command=["x"])).id
     result = cli(
         "submit", "--queue", "team-a", "--gpus", "2", "--tier", "high", "--cpus", "8",
         "--memory-gb", "64", "--estimate", "2h", "--name", "exp1", "--env", "A=1",
         "--env", "B=x=y", "--cwd", str(tmp_path), "--no-gang", "--max-restarts", "1",
-        "--hang-after", "5m", "--", "python", "train.py", "--lr", "3e-4",
+        "--hang-after", "5m", "--after", first, "--after", f"{first}:started",
+        "--", "python", "train.py", "--lr", "3e-4",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     req = fake.submissions[-1]
@@ -101,6 +103,7 @@ def test_submit_sends_every_option_and_the_command_after_the_dashes(
     assert req.estimate_s == 7200 and req.name == "exp1" and req.gang is False
     assert req.env == {"A": "1", "B": "x=y"} and req.cwd == str(tmp_path)
     assert req.max_restarts == 1 and req.hang_after_s == 300
+    assert req.after == [first, f"{first}:started"]
     job_id = fake.list_jobs()[-1].id
     assert result.stdout.strip() == f"submitted job {job_id} to team-a (pending)"
 

@@ -1,4 +1,5 @@
-"""Crashes and hangs under the queue manager, with real processes and a real SQLite file.
+"""Crashes, hangs, holds and dependencies under the queue manager, with real processes and a
+real SQLite file.
 
 A job that fails is restarted after a back-off, up to its limit; failures in a row without
 progress are a crash loop and stop; a job whose step stands still is told to go, killed at its
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from preemptible.errors import ConfigError, JobSpecError, JobStateError
+from preemptible.errors import ConfigError, JobNotFoundError, JobSpecError, JobStateError
 from preemptible.queue.core import RestartSettings, parse_config, parse_config_text
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.metrics import ManagerCollector
@@ -309,3 +310,57 @@ def test_hold_and_release_a_pending_job_and_one_in_its_back_off(tmp_path):
     until(m, lambda: m.get_job(crashing.id).state.finished)
     assert m.jobs[crashing.id].attempts == 2
     assert m.get_job(waiting.id).state is JobState.CANCELLED
+
+
+def test_a_job_after_another_starts_when_it_succeeds_and_is_cancelled_when_it_fails(tmp_path):
+    m = manager(tmp_path / "state")
+    first = submit(m, "import time; time.sleep(0.5)")
+    then = submit(m, "pass", after=[first.id])
+    started = submit(m, "pass", after=[f"{first.id}:started"])
+    assert then.reason == f"pending: waiting for {first.id} to succeed" and then.after == [
+        f"{first.id}:ok"
+    ]
+    until(m, lambda: m.get_job(started.id).state.finished)
+    assert m.jobs[then.id].attempts == 0 or m.get_job(first.id).state.finished
+    until(m, lambda: m.get_job(then.id).state is JobState.COMPLETED)
+    admitted = {e.job_id: e.at for e in m.events() if e.kind == "admitted"}
+    finished = next(e.at for e in m.events(job_id=first.id) if e.kind == "completed")
+    assert admitted[then.id] >= finished and admitted[started.id] <= finished
+    assert "dependency" in kinds(m, then.id)
+
+    failing = submit(m, "import sys; sys.exit(4)", max_restarts=0)
+    doomed = submit(m, "pass", after=[f"{failing.id}:ok"])
+    anyway = submit(m, "pass", after=[f"{failing.id}:any"])
+    until(m, lambda: m.get_job(doomed.id).state.finished and m.get_job(anyway.id).state.finished)
+    cancelled = m.get_job(doomed.id)
+    assert cancelled.state is JobState.CANCELLED and cancelled.attempts == 0
+    assert cancelled.reason == (
+        f"cancelled: its dependency {failing.id} failed before it could succeed (it waited "
+        f"for {failing.id} to succeed)"
+    )
+    assert m.get_job(anyway.id).state is JobState.COMPLETED
+
+
+def test_dependencies_survive_a_restart_and_a_held_dependent_waits_for_its_release(tmp_path):
+    state = tmp_path / "state"
+    m = manager(state)
+    gate = submit(m, "pass", hold=True)
+    dependent = submit(m, "pass", after=[gate.id], hold=True)
+    with pytest.raises(JobNotFoundError):
+        submit(m, "pass", after=["j999"])
+    m.store.close()
+    m = manager(state)
+    assert m.runs.waiting == {dependent.id}
+    m.release(gate.id)
+    until(m, lambda: m.get_job(gate.id).state is JobState.COMPLETED)
+    until(m, lambda: not m.jobs[dependent.id].after)
+    for _ in range(3):
+        m.step()
+    assert m.jobs[dependent.id].attempts == 0, "met, but still held"
+    m.release(dependent.id)
+    until(m, lambda: m.get_job(dependent.id).state is JobState.COMPLETED)
+    late = submit(m, "pass", after=[f"{dependent.id}:any"])  # met already: it just runs
+    until(m, lambda: m.get_job(late.id).state is JobState.COMPLETED)
+    blocked = submit(m, "pass", after=[gate.id], hold=True)
+    m.cancel(blocked.id)  # waiting and held: cancelled all the same
+    assert m.get_job(blocked.id).state is JobState.CANCELLED and blocked.id not in m.runs.waiting
