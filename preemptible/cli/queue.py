@@ -387,22 +387,59 @@ def status(
     show_all: Annotated[
         bool, typer.Option("--all", help="Finished jobs too (completed, failed, cancelled).")
     ] = False,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch", "-w", help="Show it again every --interval until Ctrl-C, like watch(1)."
+        ),
+    ] = False,
+    interval: Annotated[str, typer.Option(help="How often --watch asks.")] = "2s",
     url: Url = DEFAULT_URL,
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
     """The jobs, like squeue: waiting and running ones unless --all or --state."""
+    pause_s = _duration(interval, "--interval")
     client = _Client(url, token)
     # Without --all, only the waiting and running jobs are asked for: not every finished job.
     states = [state] if state is not None or show_all else list(ACTIVE_STATES)
-    jobs = [
-        job
-        for one in states
-        for job in client.every_page("/v1/jobs", params={"queue": queue, "state": one})
-    ]
-    jobs.sort(key=lambda j: j["submitted_at"])
-    if as_json:
-        _print_json(jobs)
+
+    def jobs() -> list[dict[str, Any]]:
+        found = [
+            job
+            for one in states
+            for job in client.every_page("/v1/jobs", params={"queue": queue, "state": one})
+        ]
+        return sorted(found, key=lambda j: j["submitted_at"])
+
+    if as_json and not watch:
+        _print_json(jobs())
+        return
+    if not watch:
+        _print_status(jobs(), console(width=_width()))
+        return
+    out = console(width=_width())
+    try:
+        while True:
+            found = jobs()
+            if as_json:
+                echo_json(found)  # one list a line
+            elif out.is_terminal:
+                out.clear()
+                out.print(f"every {interval}: {client.url}  {_clock(time.time())}")
+                _print_status(found, out)
+            else:  # a pipe or a file: each frame after the last, dated
+                echo(f"--- {_clock(time.time())}")
+                _print_status(found, out)
+            time.sleep(pause_s)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+def _print_status(jobs: list[dict[str, Any]], out: Any) -> None:
+    """The status table of `jobs` (or "no jobs")."""
+    if not jobs:
+        out.print("no jobs")
         return
     jobs_table = table(box=None, header_style="bold", pad_edge=False)
     for column in ("ID", "NAME", "QUEUE", "TIER", "STATE", "GPUS", "WAITED", "REASON"):
@@ -419,10 +456,7 @@ def status(
             fmt_duration(_waited(job, now)),
             _reason(job["state"], job["reason"]),
         )
-    if jobs:
-        console(width=_width()).print(jobs_table)
-    else:
-        echo("no jobs")
+    out.print(jobs_table)
 
 
 STATE_STYLES = {

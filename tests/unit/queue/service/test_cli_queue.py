@@ -716,3 +716,26 @@ def test_status_colours_states_on_a_terminal_unless_no_color_and_says_each_state
     assert "\x1b[33m" not in plain and "pending" in plain, "NO_COLOR: no colour (bold stays)"
     row = next(line for line in plain.splitlines() if line.startswith(pending.id))
     assert "waiting for" in row and row.count("pending") == 1, row  # not "pending: waiting"
+
+
+def test_status_watch_shows_the_table_again_until_ctrl_c(url: str, fake: FakeQueueManager) -> None:
+    """Piped, each frame follows the last under a dated line; a job submitted meanwhile shows
+    in a later frame; Ctrl-C ends it with status 0."""
+    import signal
+
+    first = started(fake, name="watched")
+    proc = spawn(url, "status", "--watch", "--interval", "0.2s")
+    try:
+        lines = lines_of(proc)
+
+        def until_line(text: str) -> None:
+            while text not in lines.get(timeout=30):
+                pass
+
+        until_line("--- ")
+        until_line(first.id)
+        later = fake.submit(SubmitRequest(queue="team-a", command=["x"], name="later"))
+        until_line(later.id)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
