@@ -28,6 +28,7 @@ import pytest
 
 from preemptible._env_names import (
     ATTEMPT_ENV,
+    BEAT_ENV,
     COST_FILE_ENV,
     GPUS_ENV,
     GRACE_ENV,
@@ -51,6 +52,7 @@ TOKENS = {
 MARKER = "RUN_AS_TEST_MANAGER_ONLY"
 """A variable in the manager's environment that no job may see."""
 JOB_VARIABLES = {URL_ENV, JOB_ID_ENV, TOKEN_ENV, GRACE_ENV, COST_FILE_ENV, ATTEMPT_ENV, GPUS_ENV}
+JOB_VARIABLES |= {BEAT_ENV}
 ALLOWED_ENV = {"PATH", "LANG", "HOME", "USER", "LOGNAME", "PROBE"}
 ALLOWED_ENV |= {"CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "LC_CTYPE"} | JOB_VARIABLES
 # LC_CTYPE: Python coerces a C locale by setting it in its own environment (PEP 538).
