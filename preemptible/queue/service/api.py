@@ -240,7 +240,12 @@ _JOB = error_responses(404)
 _BODY = error_responses(400, 413)
 
 
-@router.post("/jobs", status_code=201, responses=_BODY, summary="Submit a job")
+@router.post(
+    "/jobs",
+    status_code=201,
+    responses={**_BODY, **error_responses(404)},
+    summary="Submit a job (404: a job it would wait for does not exist)",
+)
 def submit(body: SubmitBody, principal: Caller, manager: Manager) -> JobView:
     check_may_submit(principal, body.queue)
     for dependency in body.after:  # a job may wait only for jobs its submitter may see
