@@ -189,27 +189,24 @@ def plain_metavars(params: list[Any]) -> None:
             param.metavar = _METAVARS.get(param.bare_type(), "VALUE")
 
 
-class OnceGroup(typer.core.TyperGroup):
-    """A command group whose single-valued options may be given once (`repeated_options`)."""
+class _Plain:
+    """What every command of ours does besides Typer's: single-valued options given once
+    (`repeated_options`), help without type markers (`plain_metavars`)."""
 
     def get_params(self, ctx: Any) -> list[Any]:
-        params: list[Any] = super().get_params(ctx)  # --help and completion's options too
+        params: list[Any] = super().get_params(ctx)  # type: ignore[misc]  # --help too
         plain_metavars(params)
         return params
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         _refuse_repeats(self, args)
-        return super().parse_args(ctx, args)
+        parsed: list[str] = super().parse_args(ctx, args)  # type: ignore[misc]
+        return parsed
 
 
-class OnceCommand(typer.core.TyperCommand):
-    """A command whose single-valued options may be given once (`repeated_options`)."""
+class OnceGroup(_Plain, typer.core.TyperGroup):
+    """A command group of ours (`_Plain`)."""
 
-    def get_params(self, ctx: Any) -> list[Any]:
-        params: list[Any] = super().get_params(ctx)  # --help and completion's options too
-        plain_metavars(params)
-        return params
 
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        _refuse_repeats(self, args)
-        return super().parse_args(ctx, args)
+class OnceCommand(_Plain, typer.core.TyperCommand):
+    """A command of ours (`_Plain`)."""
