@@ -18,6 +18,7 @@ injected at step 5 (`--fault`):
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -134,7 +135,12 @@ def test_the_same_failing_step_twice_is_a_crash_loop_and_why_says_so(server, tmp
         timeout=60,
     )
     assert why.returncode == 0, why.stderr
-    assert "(failing after step 4 each time)" in failed["reason"], "the beats said so"
+    # the beats told the manager the step (4, the last boundary before the error at the end of
+    # step 5; 3 if a beat came late) or at least the checkpoint (3, reported again)
+    assert re.search(
+        r"\((failing after step [34] each time|no checkpoint newer than step 3)\)",
+        failed["reason"],
+    ), failed["reason"]
     assert "(RuntimeError: injected NCCL error at step 5)" in failed["reason"]
     assert "crash loop" in why.stdout and "its last output:" in why.stdout, why.stdout
 

@@ -531,7 +531,7 @@ class JobRuns:
         if record.launch_error is not None or limit == 0:
             outcome, why = "not_restarted", words
         elif record.stalled >= rules.crash_loop_after:
-            outcome, why = "crash_loop", _crash_loop(record, failure)
+            outcome, why = "crash_loop", _crash_loop(record, failure, same_step)
         elif record.restarts >= limit:
             outcome, why = (
                 "no_restart_left",
@@ -670,12 +670,15 @@ def output_tail(path: Path) -> tuple[list[str], str | None]:
     return kept[-TAIL_LINES:], error
 
 
-def _crash_loop(record: JobRecord, failure: dict[str, Any]) -> str:
-    """Why a job is failed as a crash loop, in words."""
-    step = failure["step"]
-    where = f"failing after step {step} each time" if step is not None else "no newer checkpoint"
-    if record.last_checkpoint_step is None:
-        where = "no checkpoint ever" if step is None else where
+def _crash_loop(record: JobRecord, failure: dict[str, Any], same_step: bool) -> str:
+    """Why a job is failed as a crash loop, in words: what made its last failure one without
+    progress."""
+    if same_step:
+        where = f"failing after step {failure['step']} each time"
+    elif record.last_checkpoint_step is None:
+        where = "no checkpoint ever"
+    else:
+        where = f"no checkpoint newer than step {record.last_checkpoint_step}"
     return (
         f"crash loop: {record.stalled} failures in a row without progress ({where}); "
         f"not restarted. Last: {failure['exit']}"
