@@ -111,7 +111,9 @@ def test_a_segfault_restarts_from_the_checkpoint_and_ends_as_if_uninterrupted(
     restarting = next(e for e in history if e["kind"] == "restarting")
     assert restarting["reason"].startswith("exited with 1 ("), restarting  # its first error
     assert "; restart 1 of 3 in 0.5 s" in restarting["reason"]
-    assert restarting["reason"].endswith("(last checkpoint reported: step 3)"), "by a beat"
+    # step 3's checkpoint reaches the manager with the next step beat, well before the crash;
+    # under a heavy load the beat may come after it (then step 1's, from the cost report)
+    assert re.search(r"\(last checkpoint reported: step [13]\)$", restarting["reason"])
     assert "Signal 11 (SIGSEGV)" in "\n".join(restarting["data"]["tail"]), "torchrun's report"
     final = torch.load(tmp_path / "out" / "final.pt", weights_only=True)
     assert_same(dict(final), reference)
