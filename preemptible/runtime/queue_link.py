@@ -167,7 +167,8 @@ class QueueLink:
         on_notice: Callable[[QueueNotice], None],
         on_terms: Callable[[Terms], None] | None = None,
     ) -> None:
-        """Start reporting costs and watching for a notice (`on_notice` is called once)."""
+        """Start reporting costs, beating the step and watching for a notice (`on_notice` is
+        called once)."""
         self._on_terms = on_terms
         loops = (("reporter", self._report_loop), ("notices", self._watch), ("beat", self._beat))
         for name, target in loops:
