@@ -2,10 +2,10 @@
 
 `auth.py` says who is calling (the admin, a queue, a job); this module says what that caller may
 reach (docs/maintainers/design.md, "Service"): the admin everything; a queue token its own queue's
-jobs, listings limited to them, and the machine's queues and signals; a job's own token only that
-job's cost, notice and checkpointed endpoints (no listing, no queue, no signal). Each check
-raises `AccessDeniedError` (HTTP 403) with words that say which token would do, and returns
-nothing else but the queue a listing is limited to. The API's routes (`api.py`) and the
+jobs, listings limited to them, and the machine's queues and signals; a job's own token only
+that job's cost, notice, checkpointed and progress endpoints (no listing, no queue, no signal).
+Each check raises `AccessDeniedError` (HTTP 403) with words that say which token would do, and
+returns nothing else but the queue a listing is limited to. The API's routes (`api.py`) and the
 dashboard's (`dashboard_api.py`) call the same checks, so a rule cannot differ between them.
 Rejected alternative: one FastAPI dependency per rule, which would have to re-read the job id from
 the path and hides from a route's body which rule it runs.
@@ -110,6 +110,6 @@ def _job_token_refused(principal: Principal) -> AccessDeniedError:
     """The error for a job's token on a route that is not one of its job's own (returned, for
     the caller to raise)."""
     return AccessDeniedError(
-        f"{principal.describe()} acts on its own job only (its cost, notice and checkpointed "
-        "endpoints); use a queue token or the admin token"
+        f"{principal.describe()} acts on its own job only (its cost, notice, checkpointed "
+        "and progress endpoints); use a queue token or the admin token"
     )

@@ -2,8 +2,8 @@
 
 Three kinds of caller (docs/maintainers/design.md, "Service"): the admin sees everything; a queue
 token acts for its team's queue only; a job's own token (`PREEMPTIBLE_TOKEN` in the job's
-environment) reaches only that job's cost, notice and checkpointed endpoints, and only until the
-job has finished: then it is refused as expired (401). The queue and admin
+environment) reaches only that job's cost, notice, checkpointed and progress endpoints, and only
+until the job has finished: then it is refused as expired (401). The queue and admin
 tokens come from the configuration as specs (`"env:TEAM_A_TOKEN"` reads the environment, anything
 else is the token itself); job tokens belong to the manager, which answers `job_for_token`.
 
