@@ -309,11 +309,7 @@ class QueueManager:
         crash_point("submitted")
         with self.changed:
             self.book.add(seq, record, token_hash)
-            if record.after:
-                self.runs.waiting.add(job_id)
-            elif not record.held:
-                self.shell.submit(record.core_job())
-            self.runs.dirty = True
+            self.runs.line_up(record)
             self.changed.notify_all()
             return record.view()
 
@@ -666,28 +662,18 @@ class QueueManager:
             if not record.held:
                 raise JobStateError(f"job {job_id} is not held ({record.state})")
             record.held = False
-            if job_id in self.runs.restarting:
+            if record.restart_at is not None:
                 record.reason = "restarting: released; waiting out its back-off"
-            elif job_id in self.runs.waiting:
+            elif record.after:
                 record.reason = f"pending: released; waiting for {waiting_words(record.after)}"
             else:
                 record.reason = "pending: released"
-                self.shell.submit(record.core_job())
+            self.runs.line_up(record)
             with self.store.transaction() as db:
                 self.store.update_job(db, job_id, record.state, record.to_doc())
                 self.book.event(db, now, "released", record, "released", by=by)
-            self.runs.dirty = True
             self.changed.notify_all()
             return record.view()
-
-    def _out_of_queue(self, record: JobRecord) -> None:
-        """Take a pending job out of its queue, wherever it waits: in the core, in a restart
-        back-off, for its dependencies, or held (in none of them)."""
-        self.runs.restarting.pop(record.id, None)
-        self.runs.waiting.discard(record.id)
-        if record.id in self.shell.state.pending:
-            self.shell.state.withdraw(record.id)
-        record.held = False
 
     # --- cancel -------------------------------------------------------------------------------
 
@@ -700,8 +686,7 @@ class QueueManager:
             if record.state.finished:
                 raise JobStateError(f"job {job_id} has already {record.state}")
             if record.state == JobState.PENDING:
-                self._out_of_queue(record)
-                record.restart_at = None
+                self.runs.out_of_line(record)
                 self.runs.finish(record, now, JobState.CANCELLED, "cancelled while pending", by=by)
             elif record.state == JobState.RUNNING:
                 record.cancel_requested = True

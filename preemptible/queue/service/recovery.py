@@ -38,12 +38,7 @@ def recover(book: JobBook, runs: JobRuns, now: float) -> None:
     )
     for record in book.jobs.values():
         if record.state == JobState.PENDING:
-            if record.after:
-                runs.waiting.add(record.id)  # its dependencies, checked at each poll
-            if record.restart_at is not None:
-                runs.restarting[record.id] = record.restart_at  # its back-off after a failure
-            elif not record.held and not record.after:
-                runs.shell.submit(record.core_job())
+            runs.line_up(record)  # its queue, its back-off, its dependencies, or its hold
         elif record.state.has_process:
             _readopt(book, runs, record, now)
 

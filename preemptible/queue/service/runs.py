@@ -297,9 +297,7 @@ class JobRuns:
                 del self.restarting[job_id]
                 record = self.book.jobs[job_id]
                 record.restart_at = None
-                if not record.held:  # a held one goes back to its queue on release
-                    self.shell.submit(record.core_job())
-                self.dirty = True
+                self.line_up(record)
         for job_id in sorted(self.waiting):
             self._check_dependencies(self.book.jobs[job_id], now)
         for record in [self.book.jobs[job_id] for job_id in self.shell.state.running]:
@@ -335,6 +333,30 @@ class JobRuns:
                     self.book.store.update_job(db, record.id, record.state, record.to_doc())
                     self.book.event(db, now, "killed", record, f"SIGKILL: {why}", None)
 
+    # --- where a pending job waits -----------------------------------------------------------
+
+    def line_up(self, record: JobRecord) -> None:
+        """Put a pending job where it waits: its queue, or out of it while it waits out a
+        restart back-off (`restart_at`) or its dependencies (`after`), or while held (`release`
+        lines it up again). Every way into a queue goes through here."""
+        if record.after:
+            self.waiting.add(record.id)
+        if record.restart_at is not None:
+            self.restarting[record.id] = record.restart_at
+        elif not record.held and not record.after:
+            self.shell.submit(record.core_job())
+        self.dirty = True
+
+    def out_of_line(self, record: JobRecord) -> None:
+        """Take a pending job out of wherever it waits (a cancel): its queue, its back-off, its
+        dependencies, its hold."""
+        self.restarting.pop(record.id, None)
+        self.waiting.discard(record.id)
+        if record.id in self.shell.state.pending:
+            self.shell.state.withdraw(record.id)
+        record.held = False
+        record.restart_at = None
+
     # --- dependencies -------------------------------------------------------------------------
 
     def _check_dependencies(self, record: JobRecord, now: float) -> None:
@@ -366,9 +388,7 @@ class JobRuns:
         else:
             self.waiting.discard(record.id)
             record.reason = "pending: its dependencies are met"
-            if not record.held:
-                self.shell.submit(record.core_job())
-            self.dirty = True
+            self.line_up(record)
         with self.book.store.transaction() as db:
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
             why = f"{', '.join(met)} met" + ("" if left else ": it joins its queue")
@@ -484,7 +504,7 @@ class JobRuns:
             self.book.event(db, now, "requeued", record, why, data)
             self.renegotiate(db, record, now)  # its exit is a measurement: the grace follows
             self.book.store.update_job(db, record.id, record.state, record.to_doc())
-        self.shell.submit(record.core_job())
+        self.line_up(record)
 
     # --- failures -----------------------------------------------------------------------------
 
@@ -546,7 +566,7 @@ class JobRuns:
         record.state = JobState.PENDING
         record.pending_since = now
         record.restart_at = now + wait
-        self.restarting[record.id] = record.restart_at
+        self.line_up(record)
         why = f"{words}; restart {record.restarts} of {limit} in {wait:g} s"
         if record.last_checkpoint_step is not None:  # the job resumes from its own newest
             why += f" (last checkpoint reported: step {record.last_checkpoint_step})"
