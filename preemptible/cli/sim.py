@@ -209,7 +209,7 @@ def _progress(quiet: bool) -> Any:
 
 
 def _print_tables(report: dict[str, Any]) -> None:
-    from preemptible.sim.kpis import COMPARISON_COLUMNS, column_format, duration_unit
+    from preemptible.sim.kpis import COMPARISON_COLUMNS, column_format, duration_unit, in_unit
 
     out = console()
     if not out.is_terminal:
@@ -251,15 +251,13 @@ def _print_tables(report: dict[str, Any]) -> None:
         row = [q]
         for metrics in policies.values():
             m = metrics["queues"].get(q)
-            row.append(f"{_in(m['p95_wait_s'], per)} ({_in(m['max_wait_s'], per)})" if m else "-")
+            if m is None:
+                row.append("-")
+                continue
+            row.append(f"{in_unit(m['p95_wait_s'] / per)} ({in_unit(m['max_wait_s'] / per)})")
         per_queue.add_row(*row)
     out.print(per_queue)
     _print_lost_by_kind(out, policies)
-
-
-def _in(seconds: float, per: float) -> str:
-    value = seconds / per
-    return f"{value:.1f}" if value >= 1 or value == 0 else f"{value:.2f}"
 
 
 SUMMARY = (

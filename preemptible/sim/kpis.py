@@ -170,7 +170,7 @@ def duration_unit(seconds: list[float]) -> tuple[str, float]:
     return "s", 1.0
 
 
-def _in_unit(value: float) -> str:
+def in_unit(value: float) -> str:
     """One decimal, two below one unit (56 s is 0.02 h, not 0.0 h)."""
     return f"{value:.1f}" if value >= 1 or value == 0 else f"{value:.2f}"
 
@@ -179,7 +179,7 @@ def column_format(column: Column, values: list[float]) -> tuple[str, Callable[[f
     """A column's heading with its unit, and how each of its values prints in that unit."""
     if column.kind == "dur":
         unit, per = duration_unit(values)
-        return f"{column.label} ({unit})", lambda v: _in_unit(v / per)
+        return f"{column.label} ({unit})", lambda v: in_unit(v / per)
     if column.kind == "gpuh":
         return f"{column.label} (GPU-h)", lambda v: f"{v / 3600:,.1f}"
     if column.kind == "gpuh_small":
