@@ -97,12 +97,9 @@ class _Client:
 
     def try_call(self, method: str, path: str) -> tuple[Any, str | None]:
         """(the answer's JSON, None), or (None, why) on a 4xx: one of many calls that may
-        fail on its own (a job already finished); exits 1 when the server cannot be reached."""
-        try:
-            response = self._http.request(method, path)
-        except httpx.TransportError:
-            self.request(method, path)  # the one-line failure, exit 1
-            raise
+        fail on its own (a job already finished); exits 1 when the server cannot be reached
+        or fails."""
+        response = self._send(method, path)
         if 400 <= response.status_code < 500:
             return None, self._message(response)
         if response.status_code >= 500:
@@ -129,18 +126,29 @@ class _Client:
         body: dict[str, Any] | None = None,
     ) -> httpx.Response:
         """The answer; exits 2 on a 4xx, 1 when the server cannot be reached."""
+        response = self._send(method, path, params=params, body=body)
+        if response.status_code >= 400:
+            _fail(self._message(response), code=2 if response.status_code < 500 else 1)
+        return response
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> httpx.Response:
+        """The answer, whatever its status; exits 1 when the server cannot be reached."""
         params = {k: v for k, v in (params or {}).items() if v is not None}
         try:
-            response = self._http.request(method, path, params=params or None, json=body)
+            return self._http.request(method, path, params=params or None, json=body)
         except httpx.TransportError as exc:
             _fail(
                 f"cannot reach the queue manager at {self.url} ({exc.__class__.__name__}: {exc}); "
                 f"is `preemptible queue serve` running there? Set --url or {URL_ENV}",
                 code=1,
             )
-        if response.status_code >= 400:
-            _fail(self._message(response), code=2 if response.status_code < 500 else 1)
-        return response
 
     def _message(self, response: httpx.Response) -> str:
         try:
@@ -574,7 +582,8 @@ def release(
 ) -> None:
     """Put held jobs back in their queue."""
     client = _Client(url, token)
-    _each(client, "POST", "/release", job_ids, queue, None, name, as_json, held=True)
+    pending = ("pending",)
+    _each(client, "POST", "/release", job_ids, queue, None, name, as_json, among=pending, held=True)
 
 
 def _each(
@@ -599,7 +608,7 @@ def _each(
         _fail("give job ids, or --queue and/or --name to select the jobs")
     ids = list(job_ids or ())
     if not ids:
-        states = [state] if state else list(among if not held else ("pending",))
+        states = [state] if state else list(among)
         for one in states:
             for job in client.every_page("/v1/jobs", params={"queue": queue, "state": one}):
                 if (name is None or fnmatch.fnmatchcase(job["name"], name)) and (
