@@ -62,7 +62,8 @@ token = "env:E_PROD"
 TOKENS = {"E_ADMIN": "admin-secret", "E_RESEARCH": "research-secret", "E_PROD": "prod-secret"}
 
 
-def torchrun(root: Path, nproc: str, *args: str) -> list[str]:
+def torchrun(root: Path, nproc: str, *args: str, epochs: int = EPOCHS) -> list[str]:
+    """`elastic_train.py` under torchrun on one node, its checkpoints and output under `root`."""
     return [
         TORCHRUN,
         "--nnodes=1",
@@ -73,7 +74,7 @@ def torchrun(root: Path, nproc: str, *args: str) -> list[str]:
         str(root / "ckpt"),
         str(root / "out"),
         "--epochs",
-        str(EPOCHS),
+        str(epochs),
         *args,
     ]
 

@@ -29,8 +29,7 @@ import torch
 
 from tests.helpers import assert_same
 from tests.integration.test_elastic_queue import run
-from tests.integration.test_elastic_resize import SCRIPT
-from tests.integration.test_torchrun import TORCHRUN
+from tests.integration.test_elastic_queue import torchrun as elastic_torchrun
 
 from .queue_server import CLI, Server, events, submit, wait_for
 
@@ -60,21 +59,8 @@ EPOCHS = 2  # 12 steps of 8 samples
 
 
 def torchrun(root: Path, *args: str) -> list[str]:
-    return [
-        TORCHRUN,
-        "--nnodes=1",
-        "--nproc-per-node=2",
-        "--max-restarts=0",
-        "--standalone",
-        str(SCRIPT),
-        str(root / "ckpt"),
-        str(root / "out"),
-        "--epochs",
-        str(EPOCHS),
-        "--every-steps",
-        "2",
-        *args,
-    ]
+    """The job: two ranks, a checkpoint every 2 steps."""
+    return elastic_torchrun(root, "2", "--every-steps", "2", *args, epochs=EPOCHS)
 
 
 @pytest.fixture(scope="module")

@@ -80,14 +80,18 @@ def no_job_outlives_its_test():
     process of them, and waited for (their cgroups are removed)."""
     yield
     while _MANAGERS:
-        m = _MANAGERS.pop()
-        for record in m.jobs.values():
-            handle = record.handle
-            if handle is not None:
-                m.executor.kill(handle)
-                deadline = time.monotonic() + 10
-                while m.executor.poll(handle) is None and time.monotonic() < deadline:
-                    time.sleep(0.01)
+        kill_every_job(_MANAGERS.pop())
+
+
+def kill_every_job(m: QueueManager) -> None:
+    """Kill every attempt of `m` still running, every process of it, and wait until it is gone."""
+    for record in m.jobs.values():
+        handle = record.handle
+        if handle is not None:
+            m.executor.kill(handle)
+            deadline = time.monotonic() + 10
+            while m.executor.poll(handle) is None and time.monotonic() < deadline:
+                time.sleep(0.01)
 
 
 CHOSEN_AND_SUBREAPER = [None, Mechanism.SUBREAPER]

@@ -25,7 +25,7 @@ from preemptible.queue.service.metrics import ManagerCollector
 from preemptible.queue.service.runs import output_tail
 from preemptible.queue.service.server import build_manager
 from preemptible.queue.service.views import JobState, SubmitRequest
-from tests.polling import wait_until
+from tests.unit.queue.service.test_manager import kill_every_job, until
 
 PY = sys.executable
 RESTARTS = {"backoff": "0.2s", "backoff_max": "1s", "hang_min": "1s"}
@@ -65,30 +65,11 @@ def manager(state: Path, **restarts: Any) -> QueueManager:
 def no_job_outlives_its_test():
     yield
     while _MANAGERS:
-        m = _MANAGERS.pop()
-        for record in m.jobs.values():
-            if record.handle is not None:
-                m.executor.kill(record.handle)
-                deadline = time.monotonic() + 10
-                while m.executor.poll(record.handle) is None and time.monotonic() < deadline:
-                    time.sleep(0.01)
+        kill_every_job(_MANAGERS.pop())
 
 
 def submit(m: QueueManager, code: str, **fields: Any):
     return m.submit(SubmitRequest(queue="a", command=[PY, "-c", code], gpus=1, **fields))
-
-
-def until(m: QueueManager, check, *, timeout: float = 30.0):
-    def stepped():
-        m.step()
-        return check()
-
-    def jobs() -> str:
-        return "jobs: " + ", ".join(f"{j.id} {j.state} {j.reason}" for j in m.list_jobs())
-
-    return wait_until(
-        stepped, "the stepped manager to reach the test's condition", timeout=timeout, describe=jobs
-    )
 
 
 def kinds(m: QueueManager, job_id: str) -> list[str]:
