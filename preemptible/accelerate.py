@@ -63,6 +63,7 @@ from preemptible import (
     StorageError,
     forget_process_groups,
 )
+from preemptible.distributed import local_world_size
 
 try:
     from accelerate.data_loader import get_sampler  # type: ignore[import-untyped]
@@ -903,8 +904,8 @@ def _check_one_node(processes: int) -> None:
     """Refuse ``local=`` on several nodes now, not at the first save (which may be a notice's):
     the processes of a two-tier save share one local folder. The first save checks the rest
     (one host, one folder) across the processes."""
-    per_node = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
-    if per_node.isdigit() and int(per_node) < processes:
+    per_node = local_world_size()
+    if per_node is not None and per_node < processes:
         raise ConfigError(
             f"local= needs every process on one node, but this run has {processes} processes "
             f"with {per_node} per node (LOCAL_WORLD_SIZE): the processes of a save share one "

@@ -145,14 +145,12 @@ class QueueLink:
                 " and ".join(missing),
             )
             return None
-        beat = env.get(BEAT_ENV, "").strip()
         try:
-            beat_s = float(beat) if beat else BEAT_S
+            beat_s = float(env.get(BEAT_ENV, "").strip() or BEAT_S)
         except ValueError:
             beat_s = BEAT_S
-        if not beat_s > 0 or beat_s == float("inf"):
-            beat_s = BEAT_S
-        return cls(url, job_id, token, **{"beat_s": beat_s, **options})
+        options.setdefault("beat_s", beat_s if math.isfinite(beat_s) and beat_s > 0 else BEAT_S)
+        return cls(url, job_id, token, **options)
 
     @property
     def terms(self) -> Terms | None:
