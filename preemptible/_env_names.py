@@ -29,6 +29,10 @@ GPUS_ENV = "PREEMPTIBLE_GPUS"
 """How many GPUs this attempt has: an elastic job's size may change from one to the next."""
 BEAT_ENV = "PREEMPTIBLE_BEAT_SECONDS"
 """How often the job reports its step to the queue manager, which watches it for hangs."""
+ARRAY_ID_ENV = "PREEMPTIBLE_ARRAY_ID"
+"""The array a job belongs to ("a7"); unset for a job submitted alone."""
+ARRAY_INDEX_ENV = "PREEMPTIBLE_ARRAY_INDEX"
+"""A job's index in its array (`queue submit --array 0-99`); unset for a job submitted alone."""
 
 # --- what the user or the cluster sets -----------------------------------------------------------
 

@@ -38,6 +38,8 @@ from preemptible.cli._common import (
     table,
 )
 from preemptible.cli._common import text as plain_text
+from preemptible.cli._queue_arrays import expand as expand_ids
+from preemptible.cli._queue_arrays import one_row_per_array, resolve_one
 from preemptible.errors import PreemptibleError
 
 DEFAULT_PORT = 8470
@@ -65,7 +67,10 @@ Token = Annotated[
     ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the server's JSON as it is.")]
-JobId = Annotated[str, typer.Argument(help="The job's id (as `submit` and `status` show it).")]
+JobId = Annotated[
+    str,
+    typer.Argument(help="The job's id (as `submit` and `status` show it), or an array's a7_3."),
+]
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -95,16 +100,29 @@ class _Client:
         """The answer's JSON; exits 2 on a 4xx, 1 when the server cannot be reached."""
         return self.request(method, path, params=params, body=body).json()
 
-    def try_call(self, method: str, path: str) -> tuple[Any, str | None]:
+    def try_call(
+        self, method: str, path: str, *, body: dict[str, Any] | None = None
+    ) -> tuple[Any, str | None]:
         """(the answer's JSON, None), or (None, why) on a 4xx: one of many calls that may
         fail on its own (a job already finished); exits 1 when the server cannot be reached
         or fails."""
-        response = self._send(method, path)
+        response = self._send(method, path, body=body)
         if 400 <= response.status_code < 500:
             return None, self._message(response)
         if response.status_code >= 500:
             _fail(self._message(response), code=1)
         return response.json(), None
+
+    def job_id(self, given: str) -> str:
+        """The job `given` names: its id, or "a7_3" (index 3 of array a7); exits 2 when it
+        names no job."""
+        try:
+            found = resolve_one(self, given)
+        except ValueError as exc:
+            _fail(str(exc))
+        if found is None:
+            _fail(f"no job {given!r}: array {given.split('_')[0]} has no such index")
+        return found
 
     def every_page(self, path: str, *, params: dict[str, Any] | None = None) -> list[Any]:
         """Every item of a listing: its pages, following `Link: <...>; rel="next"`."""
@@ -312,6 +330,15 @@ def submit(
             show_default=False,
         ),
     ] = None,
+    array: Annotated[
+        str | None,
+        typer.Option(
+            help="Submit an array, as sbatch: 0-99%8 is indices 0 to 99, at most 8 at once "
+            "(also 1,3,10-20:2). Each job's index is in $PREEMPTIBLE_ARRAY_INDEX and `{index}` "
+            "in the command; `a7` then names the array, `a7_3` its index 3.",
+            show_default=False,
+        ),
+    ] = None,
     url: Url = DEFAULT_URL,
     token: Token = None,
     as_json: AsJson = False,
@@ -348,6 +375,8 @@ def submit(
         body["hold"] = True
     if after:
         body["after"] = list(after)
+    if array is not None:
+        body["array"] = array
     for option, value, key in (
         ("--estimate", estimate, "estimate_s"),
         ("--hang-after", hang_after, "hang_after_s"),
@@ -357,16 +386,27 @@ def submit(
                 body[key] = parse_duration(value, key=option)
             except PreemptibleError as exc:
                 _fail(str(exc))
-    job = _Client(url, token).call("POST", "/v1/jobs", body=body)
+    client = _Client(url, token)
+    job = client.call("POST", "/v1/jobs", body=body)
     if as_json:
         _print_json(job)
-    else:
+    elif job.get("array_id") is None:
         echo(f"submitted job {job['id']} to {job['queue']} ({job['state']})")
+    else:
+        jobs = client.every_page("/v1/jobs", params={"array": job["array_id"]})
+        limit = job.get("array_limit")
+        echo(
+            f"submitted array {job['array_id']} to {job['queue']}: {len(jobs)} jobs, "
+            f"{jobs[0]['id']} to {jobs[-1]['id']}" + (f", at most {limit} at once" if limit else "")
+        )
 
 
 def _size(job: dict[str, Any]) -> str:
-    """GPUS: "8", or for an elastic job its size now and its range: "4 (4-8)"."""
+    """GPUS: "8", or for an elastic job its size now and its range: "4 (4-8)"; an array's
+    row: "1 each"."""
     gpus, low = job["gpus"], job.get("min_gpus")
+    if "array_jobs" in job:
+        return f"{gpus} each"
     if low is None or low >= gpus:
         return str(gpus)
     now = len(job.get("gpu_ids") or ()) or gpus
@@ -402,23 +442,37 @@ def status(
         ),
     ] = False,
     interval: Annotated[str, typer.Option(help="How often --watch asks.")] = "2s",
+    expand: Annotated[
+        bool,
+        typer.Option(
+            "--expand", help="Each job of an array on its own line (else one line an array)."
+        ),
+    ] = False,
+    array: Annotated[
+        str | None, typer.Option(help="Only this array's jobs (its id, a7), one line each.")
+    ] = None,
     url: Url = DEFAULT_URL,
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
-    """The jobs, like squeue: waiting and running ones unless --all or --state."""
+    """The jobs, like squeue: waiting and running ones unless --all or --state; an array on
+    one line, with how many of its jobs are in each state, unless --expand."""
     pause_s = _duration(interval, "--interval")
     client = _Client(url, token)
     # Without --all, only the waiting and running jobs are asked for: not every finished job.
-    states = [state] if state is not None or show_all else list(ACTIVE_STATES)
+    states = [state] if state is not None or show_all or array else list(ACTIVE_STATES)
+    expand = expand or as_json or array is not None
 
     def jobs() -> list[dict[str, Any]]:
         found = [
             job
             for one in states
-            for job in client.every_page("/v1/jobs", params={"queue": queue, "state": one})
+            for job in client.every_page(
+                "/v1/jobs", params={"queue": queue, "state": one, "array": array}
+            )
         ]
-        return sorted(found, key=lambda j: j["submitted_at"])
+        found.sort(key=lambda j: (j["submitted_at"], j["id"]))
+        return found if expand else _arrays_in_one_row(client, found)
 
     if as_json and not watch:
         _print_json(jobs())
@@ -442,6 +496,22 @@ def status(
             time.sleep(pause_s)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
+
+
+def _arrays_in_one_row(client: _Client, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`jobs` with each array on one row, counting all its jobs (the finished ones too) when
+    any of them is among `jobs`."""
+    shown = dict.fromkeys(j["array_id"] for j in jobs if j.get("array_id") is not None)
+    if not shown:
+        return jobs
+    every = {a: client.every_page("/v1/jobs", params={"array": a}) for a in shown}
+    merged = [j for j in jobs if j.get("array_id") is None]
+    merged += [members[0] | {"_all": members} for members in every.values() if members]
+    merged.sort(key=lambda j: (j["submitted_at"], j["id"]))
+    rows = []
+    for job in merged:
+        rows += one_row_per_array(job.pop("_all")) if "_all" in job else [job]
+    return rows
 
 
 def _print_status(jobs: list[dict[str, Any]], out: Any) -> None:
@@ -504,7 +574,8 @@ def why(
 ) -> None:
     """Why a job waits, or why it was preempted: its state, reason, any claimed cost counted as
     less than claimed, and its history."""
-    answer = _Client(url, token).call("GET", f"/v1/jobs/{job_id}/why")
+    client = _Client(url, token)
+    answer = client.call("GET", f"/v1/jobs/{client.job_id(job_id)}/why")
     if as_json:
         _print_json(answer)
         return
@@ -527,7 +598,11 @@ def _newest_failure(history: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 JobIds = Annotated[
     list[str] | None,
-    typer.Argument(help="Job ids (as `submit` and `status` show them).", show_default=False),
+    typer.Argument(
+        help="Job ids (as `submit` and `status` show them); an array's id (a7) for its jobs, "
+        "a7_3 for its index 3.",
+        show_default=False,
+    ),
 ]
 Team = Annotated[
     str | None, typer.Option("--queue", help="Every job of this queue that --state selects.")
@@ -586,6 +661,34 @@ def release(
     _each(client, "POST", "/release", job_ids, queue, None, name, as_json, among=pending, held=True)
 
 
+@app.command(cls=OnceCommand)
+def priority(
+    tier: Annotated[str, typer.Argument(help="The new tier: critical, high, normal or low.")],
+    job_ids: JobIds = None,
+    queue: Team = None,
+    name: Pattern = None,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Move pending jobs to another tier: `priority high j7 a9` (a9: every pending job of
+    array a9). They keep their place by submission time; a running job keeps its tier."""
+    client = _Client(url, token)
+    body = {"tier": tier}
+    _each(
+        client,
+        "POST",
+        "/priority",
+        job_ids,
+        queue,
+        None,
+        name,
+        as_json,
+        among=("pending",),
+        body=body,
+    )
+
+
 def _each(
     client: _Client,
     method: str,
@@ -598,6 +701,7 @@ def _each(
     *,
     held: bool = False,
     among: tuple[str, ...] = ACTIVE_STATES,
+    body: dict[str, Any] | None = None,
 ) -> None:
     """Do `method /v1/jobs/{id}{suffix}` for the ids given, or for the jobs the filters
     select (in the states `among`, else `state`; only held ones with `held`); a line per job,
@@ -606,7 +710,11 @@ def _each(
         _fail("give job ids, or --queue/--state/--name to select jobs, not both")
     if not job_ids and not (queue or name):
         _fail("give job ids, or --queue and/or --name to select the jobs")
-    ids = list(job_ids or ())
+    ids, problems = expand_ids(client, list(job_ids or ()), among if state is None else (state,))
+    for unknown in problems:
+        echo(f"error: {unknown}", err=True)
+    if job_ids and not ids:
+        raise typer.Exit(2 if problems else 0)
     if not ids:
         states = [state] if state else list(among)
         for one in states:
@@ -618,16 +726,16 @@ def _each(
         if not ids:
             echo("no job matches")
             return
-    answers, refused = [], 0
+    answers, refused = [], len(problems)
     for job_id in ids:
-        job, problem = client.try_call(method, f"/v1/jobs/{job_id}{suffix}")
+        answer, problem = client.try_call(method, f"/v1/jobs/{job_id}{suffix}", body=body)
         if problem is not None:
             refused += 1
             echo(f"error: {job_id}: {problem}", err=True)
             continue
-        answers.append(job)
+        answers.append(answer)
         if not as_json:
-            echo(f"{job['id']}: {job['state']} ({job['reason']})")
+            echo(f"{answer['id']}: {answer['state']} ({answer['reason']})")
     if as_json:  # one id asked for: its job, as before there were many
         _print_json(answers[0] if job_ids and len(ids) == 1 and answers else answers)
     if refused:
@@ -768,6 +876,7 @@ def logs(
     unless --raw."""
     pause_s = _duration(interval, "--interval")
     client = _Client(url, token)
+    job_id = client.job_id(job_id)
     offset = 0
     try:
         while True:

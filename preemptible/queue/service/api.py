@@ -39,6 +39,7 @@ from pydantic import (
 from preemptible._version import __version__
 from preemptible.errors import JobNotFoundError
 from preemptible.queue.core.model import Tier
+from preemptible.queue.service import arrays
 from preemptible.queue.service.access import (
     check_job_access,
     check_may_submit,
@@ -120,6 +121,10 @@ _WEEK_S = 7 * 86400.0
 
 AfterSpec = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}(:(ok|any|started))?$")]
 """A dependency: a job's id, and optionally ":ok", ":any" or ":started"."""
+ArraySpecText = Annotated[
+    str, StringConstraints(min_length=1, max_length=200, pattern=r"^[0-9,:%-]+$")
+]
+"""Indices and ranges ("0-99", "1,3,10-20:2"), then optionally "%LIMIT"."""
 
 
 class _Request(BaseModel):
@@ -149,6 +154,9 @@ class SubmitBody(_Request):
     """Submit it held: it waits out of its queue until released."""
     after: Annotated[list[AfterSpec], Field(max_length=64)] = Field(default_factory=list)
     """Jobs it waits for: "ID" or "ID:ok" (succeeded), "ID:any" (finished), "ID:started"."""
+    array: ArraySpecText | None = None
+    """An array of jobs, as `sbatch --array`: "0-99%8" is indices 0 to 99, at most 8 in their
+    queue or running at once; the answer is the first job's, its `array_id` names them all."""
 
     def to_view(self) -> SubmitRequest:
         return SubmitRequest(**self.model_dump())
@@ -246,11 +254,14 @@ _BODY = error_responses(400, 413)
     responses={**_BODY, **error_responses(404)},
     summary="Submit a job (404: a job it would wait for does not exist)",
 )
-def submit(body: SubmitBody, principal: Caller, manager: Manager) -> JobView:
+def submit(request: Request, body: SubmitBody, principal: Caller, manager: Manager) -> JobView:
     check_may_submit(principal, body.queue)
     for dependency in body.after:  # a job may wait only for jobs its submitter may see
         check_job_access(manager, principal, dependency.split(":")[0])
-    return manager.submit(body.to_view(), by=principal)
+    job = manager.submit(body.to_view(), by=principal)
+    if body.array is not None and job.array_id is not None:  # charged as a listing of its jobs
+        charge_listing(request, principal, len(arrays.parse(body.array).indices))
+    return job
 
 
 _NEXT_PAGE: dict[int | str, dict[str, Any]] = {
@@ -297,11 +308,13 @@ def list_jobs(
     state: JobState | None = None,
     after: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
+    array: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Response:
     """Jobs in submission order: the first `limit` submitted after the job `after` (its id;
-    none: from the first). A full page ends with `Link: <...>; rel="next"`."""
+    none: from the first), of one queue, state or array (its id, "a7"). A full page ends with
+    `Link: <...>; rel="next"`."""
     scope = queue_scope(principal, queue)
-    found = manager.list_jobs(queue=scope, state=state, after=after, limit=limit + 1)
+    found = manager.list_jobs(queue=scope, state=state, after=after, limit=limit + 1, array=array)
     more = len(found) > limit
     found = found[:limit]
     charge_listing(request, principal, len(found))
@@ -343,6 +356,22 @@ def hold(job_id: str, principal: Caller, manager: Manager) -> JobView:
 def release(job_id: str, principal: Caller, manager: Manager) -> JobView:
     check_job_access(manager, principal, job_id)
     return manager.release(job_id, by=principal)
+
+
+class PriorityBody(_Request):
+    """`POST /v1/jobs/{id}/priority`: the pending job's new tier."""
+
+    tier: Tier
+
+
+@router.post(
+    "/jobs/{job_id}/priority",
+    responses={**_JOB, **_BODY, **error_responses(409)},
+    summary="Move a pending job to another tier (it keeps its place by submission time)",
+)
+def priority(job_id: str, body: PriorityBody, principal: Caller, manager: Manager) -> JobView:
+    check_job_access(manager, principal, job_id)
+    return manager.set_tier(job_id, body.tier.value, by=principal)
 
 
 @router.get("/jobs/{job_id}/why", responses=_JOB, summary="Why pending, why preempted")

@@ -31,6 +31,8 @@ class JobBook:
         """Every job's sequence number, ascending: submission order, for pages."""
         self._seq_of: dict[str, int] = {}
         self._id_of: dict[int, str] = {}
+        self.arrays: dict[str, list[str]] = {}
+        """Array id -> the ids of its jobs, in submission order (`arrays.py`)."""
 
     def add(self, seq: int, record: JobRecord, token_hash: str) -> None:
         """A job, under the sequence number its id was made from (`Store.next_seq`)."""
@@ -38,6 +40,8 @@ class JobBook:
         self.by_token[token_hash] = record.id
         self._seq_of[record.id] = seq
         self._id_of[seq] = record.id
+        if record.array_id is not None:
+            self.arrays.setdefault(record.array_id, []).append(record.id)
         if not self._seqs or seq > self._seqs[-1]:
             self._seqs.append(seq)
         else:  # submissions committed together may arrive out of order

@@ -52,7 +52,7 @@ from preemptible.queue.core.negotiation import (
     negotiate,
 )
 from preemptible.queue.scheduler_loop import Shell
-from preemptible.queue.service import dependencies, kpis
+from preemptible.queue.service import arrays, dependencies, kpis
 from preemptible.queue.service.book import JobBook
 from preemptible.queue.service.crash_points import crash_point
 from preemptible.queue.service.executor import (
@@ -255,18 +255,51 @@ class QueueManager:
     # --- submissions --------------------------------------------------------------------------
 
     def submit(self, req: SubmitRequest, *, by: Principal | None = None) -> JobView:
-        """Take a job; it is in the state file when this returns. `by` (the caller) is in its
-        'submitted' event, as in every event a caller asks for.
+        """Take a job, or an array of them (`req.array`: the answer is its first job); they are
+        in the state file when this returns. `by` (the caller) is in their 'submitted' events,
+        as in every event a caller asks for.
 
         Submissions that arrive together are committed together (`GroupCommit`), outside the
-        manager's lock: the job is scheduled only once it is on disk.
+        manager's lock: a job is scheduled only once it is on disk.
         """
         self._check(req)
+        spec = None if req.array is None else arrays.parse(req.array)
+        count = 1 if spec is None else len(spec.indices)
         with self.lock:
             now = self.clock()
-            seq = self._seq
-            self._seq += 1
-        job_id = f"j{seq}"
+            first = self._seq
+            self._seq += count
+        after = self._dependencies(req)
+        made = []
+        for k in range(count):
+            record = self._record(req, f"j{first + k}", now, after)
+            if spec is not None:
+                record.array_id = arrays.array_id(first)
+                record.array_index = spec.indices[k]
+                record.array_limit = spec.limit
+                record.name = f"{record.name}[{record.array_index}]"
+            made.append((first + k, record, _hash(self._job_token(record.id))))
+
+        def write(db: Any) -> None:
+            for seq, record, token_hash in made:
+                doc = record.to_doc()
+                self.store.insert_job(db, seq, record.id, req.queue, record.state, token_hash, doc)
+                data: dict[str, Any] = {"gpus": req.gpus}
+                if spec is not None:
+                    data |= {"array": record.array_id, "index": record.array_index}
+                self.book.event(db, now, "submitted", record, "submitted", data, by=by)
+
+        self.commits.write(write)
+        crash_point("submitted")
+        with self.changed:
+            for seq, record, token_hash in made:
+                self.book.add(seq, record, token_hash)
+                self.runs.line_up(record)
+            self.changed.notify_all()
+            return made[0][1].view()
+
+    def _record(self, req: SubmitRequest, job_id: str, now: float, after: list[str]) -> JobRecord:
+        """The record of a job `req` submits, pending (or held, or waiting for `after`)."""
         record = JobRecord(
             id=job_id,
             name=req.name or os.path.basename(req.command[0]),
@@ -283,7 +316,7 @@ class QueueManager:
             min_gpus=req.min_gpus,
             gpus_multiple=req.gpus_multiple,
             held=req.hold,
-            after=self._dependencies(req),
+            after=list(after),
             max_restarts=(
                 self.config.restart_limit(req.queue)
                 if req.max_restarts is None
@@ -298,20 +331,7 @@ class QueueManager:
             record.reason = "held: submitted held; release it to schedule it"
         elif record.after:
             record.reason = f"pending: waiting for {waiting_words(record.after)}"
-        token_hash = _hash(self._job_token(job_id))
-        doc = record.to_doc()
-
-        def write(db: Any) -> None:
-            self.store.insert_job(db, seq, job_id, req.queue, record.state, token_hash, doc)
-            self.book.event(db, now, "submitted", record, "submitted", {"gpus": req.gpus}, by=by)
-
-        self.commits.write(write)
-        crash_point("submitted")
-        with self.changed:
-            self.book.add(seq, record, token_hash)
-            self.runs.line_up(record)
-            self.changed.notify_all()
-            return record.view()
+        return record
 
     def _dependencies(self, req: SubmitRequest) -> list[str]:
         """The jobs `req` waits for, as "ID:CONDITION", each checked to exist.
@@ -382,16 +402,21 @@ class QueueManager:
         state: JobState | None = None,
         after: str | None = None,
         limit: int | None = None,
+        array: str | None = None,
     ) -> list[JobView]:
-        """Jobs in submission order, of one queue or state, from the first submitted after the
-        job `after`, at most `limit` (None: all).
+        """Jobs in submission order, of one queue, state or array, from the first submitted
+        after the job `after`, at most `limit` (None: all).
 
         Raises:
             RequestError: `after` is not a job's id.
         """
 
         def keep(r: JobRecord) -> bool:
-            return (queue is None or r.queue == queue) and (state is None or r.state == state)
+            return (
+                (queue is None or r.queue == queue)
+                and (state is None or r.state == state)
+                and (array is None or r.array_id == array)
+            )
 
         with self.lock:
             page = self.book.page(keep, after=after, limit=limit)
@@ -639,8 +664,7 @@ class QueueManager:
                     f"job {job_id} is {record.state}: only a pending job can be held (cancel a "
                     "running one, or let it run)"
                 )
-            if job_id in self.shell.state.pending:
-                self.shell.state.withdraw(job_id)
+            self.runs.out_of_queue(record)
             record.held = True
             record.reason = "held: release it to schedule it"
             with self.store.transaction() as db:
@@ -672,6 +696,44 @@ class QueueManager:
             with self.store.transaction() as db:
                 self.store.update_job(db, job_id, record.state, record.to_doc())
                 self.book.event(db, now, "released", record, "released", by=by)
+            self.changed.notify_all()
+            return record.view()
+
+    # --- priority -----------------------------------------------------------------------------
+
+    def set_tier(self, job_id: str, tier: str, *, by: Principal | None = None) -> JobView:
+        """Move a pending job to another tier; it keeps its place (its submission time) in
+        that tier's order. A team may submit at any tier, so this grants nothing a new
+        submission would not.
+
+        Raises:
+            JobStateError: the job is not pending (its tier decides whom it may preempt).
+            RequestError: `tier` is not a tier's name.
+        """
+        try:
+            new = Tier.parse(tier)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        with self.changed:
+            now = self.clock()
+            record = self.book.get(job_id)
+            if record.state != JobState.PENDING:
+                raise JobStateError(
+                    f"job {job_id} is {record.state}: only a pending job's tier can change "
+                    "(a running one keeps the tier it was admitted at)"
+                )
+            if record.tier == new:
+                return record.view()
+            was = record.tier
+            record.tier = new
+            if job_id in self.shell.state.pending:  # its group in the core is by tier
+                self.shell.state.withdraw(job_id)
+                self.shell.submit(record.core_job())
+            with self.store.transaction() as db:
+                self.store.update_job(db, job_id, record.state, record.to_doc())
+                why = f"tier {was.value} -> {new.value}"
+                self.book.event(db, now, "priority", record, why, {"tier": new.value}, by=by)
+            self.runs.dirty = True
             self.changed.notify_all()
             return record.view()
 

@@ -125,6 +125,11 @@ class JobRecord:
     """A pending job kept out of its queue until released (`QueueManager.hold`)."""
     after: list[str] = field(default_factory=list)
     """Its dependencies not met yet, "ID:CONDITION" (`dependencies.py`): in no queue before."""
+    array_id: str | None = None
+    """The array it belongs to (`arrays.py`); None for a job submitted alone."""
+    array_index: int | None = None
+    array_limit: int | None = None
+    """At most this many of its array in their queue or running at once (`JobRuns.poll`)."""
 
     @property
     def reported_cost(self) -> bool:
@@ -218,4 +223,7 @@ class JobRecord:
             max_restarts=self.max_restarts,
             held=self.held,
             after=list(self.after),
+            array_id=self.array_id,
+            array_index=self.array_index,
+            array_limit=self.array_limit,
         )

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from preemptible._env_names import (
+    ARRAY_ID_ENV,
+    ARRAY_INDEX_ENV,
     ATTEMPT_ENV,
     BEAT_ENV,
     COST_FILE_ENV,
@@ -120,6 +122,8 @@ class JobRuns:
         """Job id -> when it goes back to its queue, after a failure (`failed`)."""
         self.waiting: set[str] = set()
         """Pending jobs whose dependencies are not all met: in no queue (`dependencies.py`)."""
+        self.array_backlog: dict[str, set[str]] = {}
+        """Array id -> its pending jobs beyond its limit: in no queue (`arrays.py`)."""
         self.progress: dict[str, Progress] = {}
         """Job id -> its running attempt's step beats (`beat`), for the hang watch."""
 
@@ -213,11 +217,14 @@ class JobRuns:
                 BEAT_ENV: f"{self.config.restarts.beat_s:g}",
             }
         )
-        size = env[GPUS_ENV]
+        command = [arg.replace("{gpus}", env[GPUS_ENV]) for arg in record.command]
+        if record.array_id is not None:
+            env.update({ARRAY_ID_ENV: record.array_id, ARRAY_INDEX_ENV: str(record.array_index)})
+            command = [arg.replace("{index}", env[ARRAY_INDEX_ENV]) for arg in command]
         return LaunchSpec(
             job_id=record.id,
             attempt=k,
-            command=[arg.replace("{gpus}", size) for arg in record.command],
+            command=command,
             cwd=record.cwd,
             env=env,
             gpu_ids=list(record.gpu_ids),
@@ -291,7 +298,8 @@ class JobRuns:
 
     def poll(self, now: float) -> None:
         """Reap the runs that ended; SIGKILL those past their deadline or their ack's window;
-        tell those that hang to go; put the failed jobs whose back-off is over back in line."""
+        tell those that hang to go; put the failed jobs whose back-off is over back in line,
+        and as many of each array's waiting jobs as its limit lets in."""
         for job_id, at in list(self.restarting.items()):
             if at <= now:
                 del self.restarting[job_id]
@@ -332,6 +340,8 @@ class JobRuns:
                 with self.book.store.transaction() as db:
                     self.book.store.update_job(db, record.id, record.state, record.to_doc())
                     self.book.event(db, now, "killed", record, f"SIGKILL: {why}", None)
+        for array_id in sorted(self.array_backlog):  # after the reaping: their slots are free
+            self._line_up_array(array_id)
 
     # --- where a pending job waits -----------------------------------------------------------
 
@@ -343,19 +353,61 @@ class JobRuns:
             self.waiting.add(record.id)
         if record.restart_at is not None:
             self.restarting[record.id] = record.restart_at
-        elif not record.held and not record.after:
+        elif record.held or record.after:
+            pass
+        elif record.array_id is not None and record.array_limit is not None:
+            self.array_backlog.setdefault(record.array_id, set()).add(record.id)
+            record.reason = (
+                f"pending: array {record.array_id} runs at most {record.array_limit} at once"
+            )
+        else:
             self.shell.submit(record.core_job())
         self.dirty = True
 
     def out_of_line(self, record: JobRecord) -> None:
         """Take a pending job out of wherever it waits (a cancel): its queue, its back-off, its
-        dependencies, its hold."""
+        dependencies, its array's backlog, its hold."""
         self.restarting.pop(record.id, None)
         self.waiting.discard(record.id)
-        if record.id in self.shell.state.pending:
-            self.shell.state.withdraw(record.id)
+        self.out_of_queue(record)
         record.held = False
         record.restart_at = None
+
+    def out_of_queue(self, record: JobRecord) -> None:
+        """Take a pending job out of its queue, or its array's backlog (a hold: its back-off and
+        its dependencies still count)."""
+        if record.id in self.shell.state.pending:
+            self.shell.state.withdraw(record.id)
+        if record.array_id is not None:
+            backlog = self.array_backlog.get(record.array_id, set())
+            backlog.discard(record.id)
+            if not backlog:
+                self.array_backlog.pop(record.array_id, None)
+
+    # --- arrays -------------------------------------------------------------------------------
+
+    def _line_up_array(self, array_id: str) -> None:
+        """Put an array's waiting jobs in their queue, lowest index first, while fewer than its
+        limit are in their queue, running, or waiting out a back-off."""
+        backlog = self.array_backlog[array_id]
+        members = [self.book.jobs[job_id] for job_id in self.book.arrays[array_id]]
+        limit = members[0].array_limit or len(members)
+        state = self.shell.state
+        active = sum(
+            1
+            for r in members
+            if r.id in state.pending or r.id in state.running or r.id in self.restarting
+        )
+        free = limit - active
+        if free <= 0:
+            return
+        for record in sorted((self.book.jobs[i] for i in backlog), key=_array_index)[:free]:
+            backlog.discard(record.id)
+            record.reason = "pending: submitted"
+            self.shell.submit(record.core_job())
+            self.dirty = True
+        if not backlog:
+            del self.array_backlog[array_id]
 
     # --- dependencies -------------------------------------------------------------------------
 
@@ -662,6 +714,10 @@ _ERROR_LINE = re.compile(
     r"(?:^|\]:\s*)(?:[A-Za-z_][\w.]*(?:Error|Exception):"
     r"|Segmentation fault|Fatal Python error|Killed\b|Aborted\b)"
 )
+
+
+def _array_index(record: JobRecord) -> int:
+    return record.array_index or 0
 
 
 def waiting_words(after: list[str]) -> str:

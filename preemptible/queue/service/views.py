@@ -105,6 +105,9 @@ class SubmitRequest:
     after: list[str] = field(default_factory=list)
     """Jobs it waits for, each "ID" or "ID:ok" (succeeded), "ID:any" (finished) or
     "ID:started"; one that can no longer happen cancels it."""
+    array: str | None = None
+    """Submit an array of jobs, e.g. "0-99%8" (`arrays.py`): indices 0 to 99, at most 8 in
+    their queue or running at once."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -162,6 +165,12 @@ class JobView:
     """Pending and held: not scheduled until released."""
     after: list[str] = field(default_factory=list)
     """Its dependencies not met yet ("ID:ok", "ID:any" or "ID:started")."""
+    array_id: str | None = None
+    """The array it belongs to ("a7"), None for a job submitted alone."""
+    array_index: int | None = None
+    """Its index in the array ($PREEMPTIBLE_ARRAY_INDEX)."""
+    array_limit: int | None = None
+    """Its array's limit: at most this many in their queue or running at once."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

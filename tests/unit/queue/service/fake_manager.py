@@ -167,6 +167,7 @@ class FakeQueueManager:
         state: JobState | None = None,
         after: str | None = None,
         limit: int | None = None,
+        array: str | None = None,
     ) -> list[JobView]:
         self._maybe_fail()
         with self._changed:
@@ -180,6 +181,7 @@ class FakeQueueManager:
                 for job_id in jobs
                 if (queue is None or self._jobs[job_id].view.queue == queue)
                 and (state is None or self._jobs[job_id].view.state == state)
+                and (array is None or self._jobs[job_id].view.array_id == array)
             ]
             return found if limit is None else found[:limit]
 
@@ -221,6 +223,16 @@ class FakeQueueManager:
                 raise JobStateError(f"job {job_id} is not held ({job.view.state})")
             self._set(job, held=False, reason="pending: released")
             self._event("released", job.view, "released", by=by)
+            return job.view
+
+    def set_tier(self, job_id: str, tier: str, *, by: Principal | None = None) -> JobView:
+        self._maybe_fail()
+        with self._changed:
+            job = self._get(job_id)
+            if job.view.state is not JobState.PENDING:
+                raise JobStateError(f"job {job_id} is {job.view.state}: only a pending job")
+            self._set(job, tier=tier)
+            self._event("priority", job.view, f"tier {tier}", by=by)
             return job.view
 
     def why(self, job_id: str) -> WhyView:

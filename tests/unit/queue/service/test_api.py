@@ -112,6 +112,7 @@ ENDPOINTS: dict[str, tuple[str, str, dict[str, Any] | None, int, dict[str, bool]
     # the target runs: hold and release answer 409 to whoever may ask (not 403)
     "hold": ("POST", "/v1/jobs/{id}/hold", None, 409, QUEUE_OR_ADMIN),
     "release": ("POST", "/v1/jobs/{id}/release", None, 409, QUEUE_OR_ADMIN),
+    "priority": ("POST", "/v1/jobs/{id}/priority", {"tier": "high"}, 409, QUEUE_OR_ADMIN),
     "why": ("GET", "/v1/jobs/{id}/why", None, 200, QUEUE_OR_ADMIN),
     "logs": ("GET", "/v1/jobs/{id}/logs", None, 200, QUEUE_OR_ADMIN),
     "cost": ("POST", "/v1/jobs/{id}/cost", {"save_seconds_p95": 5.0}, 200, JOB_ONLY),
