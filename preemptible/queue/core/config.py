@@ -20,6 +20,7 @@ from typing import Any
 from preemptible.errors import ConfigError
 from preemptible.queue.core.model import NO_LIMIT, Cluster, Limits, Queue
 from preemptible.queue.core.policy import ElasticMode
+from preemptible.queue.core.topology import Topology
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
@@ -271,6 +272,11 @@ class QueueConfig:
     """The `[restarts]` table: crashes and hangs."""
     max_restarts: Mapping[str, int] = field(default_factory=dict)
     """Queue name -> its own `max_restarts` (`[[queues]] max_restarts`), over `restarts`'."""
+    topology: Topology | None = None
+    """`[cluster.topology]`: the GPUs' NVLink islands, PCIe switches and sockets, for
+    placement (`topology.py`); None: every GPU alike, or `topology_auto`."""
+    topology_auto: bool = False
+    """True when the file says `topology = "auto"`: the queue manager asks NVML."""
 
     def restart_limit(self, queue: str) -> int:
         """The most restarts a job of `queue` gets (it may ask for fewer)."""
@@ -481,6 +487,7 @@ def _parse(data: Mapping[str, Any]) -> QueueConfig:
             )
     admin_token, service = _service(data.get("service", {}))
     restarts = _restarts(data.get("restarts", {}))
+    topology, topology_auto = _topology(data["cluster"].get("topology"), cluster, gpus_auto)
     return QueueConfig(
         cluster=cluster,
         policy=policy,
@@ -493,7 +500,35 @@ def _parse(data: Mapping[str, Any]) -> QueueConfig:
         service=service,
         restarts=restarts,
         max_restarts=max_restarts,
+        topology=topology,
+        topology_auto=topology_auto,
     )
+
+
+def _topology(raw: Any, cluster: Cluster, gpus_auto: bool) -> tuple[Topology | None, bool]:
+    """`[cluster.topology]` (islands, pcie, sockets: lists of GPU ids), and whether it says
+    "auto" instead."""
+    key = ("cluster", "topology")
+    if raw is None or raw == "auto":
+        return None, raw == "auto"
+    if not isinstance(raw, Mapping):
+        raise _Invalid(
+            key,
+            f'expected "auto" or a table of islands, pcie and sockets (lists of GPU ids), got '
+            f"{raw!r}",
+        )
+    if gpus_auto:
+        raise _Invalid(
+            key,
+            "a topology names GPU ids: give cluster.gpus as a number with it, or write "
+            'topology = "auto" to read both from NVML',
+        )
+    if cluster.nodes is not None:
+        raise _Invalid(key, "a topology describes one machine's GPUs: not with `nodes`")
+    try:
+        return Topology.from_groups(cluster.gpus, raw), False
+    except ConfigError as exc:
+        raise _Invalid(key, str(exc)) from None
 
 
 def _restarts(raw: Any) -> RestartSettings:
@@ -622,7 +657,7 @@ def _cluster(raw: Any) -> tuple[Cluster, bool]:
         raise _Invalid(
             ("cluster",), "[cluster] is missing; add it with at least `gpus = N`", missing=True
         )
-    _only(raw, {"gpus", "cpus", "memory_gb", "nodes", "gpus_per_node"}, ("cluster",))
+    _only(raw, {"gpus", "cpus", "memory_gb", "nodes", "gpus_per_node", "topology"}, ("cluster",))
     if "gpus" not in raw:
         raise _Invalid(
             ("cluster", "gpus"), 'missing from [cluster]; give a number or "auto"', missing=True

@@ -262,13 +262,14 @@ class VictimSearch:
                 continue
             lost = option.lost_gpu_s
             order: tuple[float | str, ...]
+            rank = self.state.victim_rank.get(rj.job.id, 0)
             if self.elastic is ElasticMode.PRIORITY:
-                order = (0, rj.job.tier.rank, -rj.started_at, rj.job.id)
+                order = (0, rj.job.tier.rank, rank, -rj.started_at, rj.job.id)
             elif self.policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST:
                 order = c.order
             else:
                 freed = max(rj.size - option.gpus_after, 1)
-                order = (lost / freed, lost, -rj.started_at, rj.job.id)
+                order = (lost / freed, lost, rank, -rj.started_at, rj.job.id)
             out.append(c._replace(order=order, lost_gpu_s=lost, shrink=option))
         out.sort(key=lambda c: c.order)
         return out
@@ -416,11 +417,12 @@ class VictimSearch:
             shrinking = self.state.shrinking.get(vjob.id)
             to = None if shrinking is None else shrinking[0]
             order: tuple[float | str, ...]
+            rank = self.state.victim_rank.get(vjob.id, 0)  # frees a whole island: first
             if self.policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST:
-                order = (vjob.tier.rank, -rj.started_at, vjob.id)
+                order = (vjob.tier.rank, rank, -rj.started_at, vjob.id)
             else:
                 freed = rj.size if to is None else to
-                order = (lost / max(freed, 1), lost, -rj.started_at, vjob.id)
+                order = (lost / max(freed, 1), lost, rank, -rj.started_at, vjob.id)
             price = self._prices[vjob.id] = Price(order, lost, grace, to)
         return price
 

@@ -105,6 +105,10 @@ class ClusterState:
         self.shrinking: dict[str, tuple[int, Resources, Placement]] = {}
         """Running job id -> (size after, what it gives up, on which nodes) of a shrink sent
         and not yet completed (`begin_shrink`)."""
+        self.victim_rank: dict[str, int] = {}
+        """Running job id -> 0 when its going would free a whole NVLink island, else 1: among
+        victims that lose as much, the first go first (set by the shell before each cycle,
+        `topology.py`; empty: all alike)."""
 
     # --- pending ------------------------------------------------------------------------------
 

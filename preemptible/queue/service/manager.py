@@ -235,6 +235,7 @@ class QueueManager:
         if not state.pending and not state.nominated and not self._smaller_than_asked():
             return
         started = time.perf_counter()
+        self.runs.rank_victims()
         results = self.shell.cycles(now, self.runs)
         took = time.perf_counter() - started
         self.cycle_seconds.append(took)

@@ -37,6 +37,7 @@ from preemptible.errors import QueueError
 from preemptible.queue.core import Job, Preempt, QueueConfig, RunningJob
 from preemptible.queue.core.model import Admit, Resize
 from preemptible.queue.core.negotiation import grace_seconds
+from preemptible.queue.core.topology import Topology
 from preemptible.queue.scheduler_loop import Leaving, Shell
 from preemptible.queue.service import dependencies
 from preemptible.queue.service.book import JobBook
@@ -106,6 +107,8 @@ class JobRuns:
         """Queue name -> the user its jobs run as; a queue not here runs them as the manager."""
         self.notice_sent = notice_sent
         self.free_gpus = set(range(config.cluster.gpus))
+        self.topology = config.topology or Topology.flat(config.cluster.gpus)
+        """Which GPUs a job gets (`topology.py`): the lowest free ids when none is known."""
         self.admissions: Counter[str] = Counter()
         self.preemption_counts: Counter[tuple[str, str]] = Counter()
         self.failure_counts: Counter[tuple[str, str]] = Counter()
@@ -132,7 +135,7 @@ class JobRuns:
     def started(self, admit: Admit, running: RunningJob, now: float) -> None:
         """Launch an admitted job on free GPUs; the intent is stored before the launch."""
         record = self.book.jobs[running.job.id]
-        record.gpu_ids = sorted(self.free_gpus)[: running.size]
+        record.gpu_ids = self.topology.pick(self.free_gpus, running.size)
         self.free_gpus.difference_update(record.gpu_ids)
         record.waits.append([now, now - record.pending_since])
         if not record.grace_s:
@@ -181,11 +184,12 @@ class JobRuns:
         keeps the first of its GPUs and gives up the others once it has exited."""
         record = self.book.jobs[resize.job_id]
         if resize.kind == "grow":
-            extra = sorted(self.free_gpus)[: max(0, resize.gpus - len(record.gpu_ids))]
+            more = max(0, resize.gpus - len(record.gpu_ids))
+            extra = self.topology.grow(record.gpu_ids, self.free_gpus, more)
             self.free_gpus.difference_update(extra)
             gpu_ids = sorted([*record.gpu_ids, *extra])
         else:
-            gpu_ids = record.gpu_ids[: resize.gpus]
+            gpu_ids = self.topology.keep(record.gpu_ids, resize.gpus)
         self.resize_counts[(record.queue, resize.kind)] += 1
         # As the core's state has it: a grow counts from its notice, a shrink from its notice
         # until it has saved, then from its restart (`_restart_resized`).
@@ -287,6 +291,18 @@ class JobRuns:
             self.book.save(record)
         self.changed.notify_all()
         self.notice_sent.notify_all()
+
+    def rank_victims(self) -> None:
+        """Before a cycle: mark the running jobs whose going would free a whole NVLink island,
+        for the core to take first among victims that lose as much (`ClusterState.victim_rank`).
+        Nothing to mark on a machine without islands."""
+        ranks = self.shell.state.victim_rank
+        ranks.clear()
+        if not self.topology.known:
+            return
+        for job_id in self.shell.state.running:
+            held = self.book.jobs[job_id].gpu_ids
+            ranks[job_id] = 0 if self.topology.frees_an_island(held, self.free_gpus) else 1
 
     def leaving_after_ack(self) -> bool:
         """Whether a job that acked its notice is on its way out (its GPUs go on when gone)."""

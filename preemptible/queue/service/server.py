@@ -46,7 +46,8 @@ SHUTDOWN_GRACE_S = 10
 
 
 def load_config(path: Path) -> QueueConfig:
-    """The configuration file, with `gpus = "auto"` resolved from NVML."""
+    """The configuration file, with `gpus = "auto"` and `topology = "auto"` resolved from
+    NVML."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -57,6 +58,16 @@ def load_config(path: Path) -> QueueConfig:
 
         cluster = dataclasses.replace(config.cluster, gpus=detect_gpus())
         config = dataclasses.replace(config, cluster=cluster, gpus_auto=False)
+    if config.topology_auto:
+        from preemptible.queue.service.gpus import detect_topology
+
+        topology = detect_topology()
+        if topology.gpus != config.cluster.gpus:
+            raise ConfigError(
+                f"NVML sees {topology.gpus} GPUs but cluster.gpus is {config.cluster.gpus}; "
+                'write gpus = "auto", or the right number'
+            )
+        config = dataclasses.replace(config, topology=topology, topology_auto=False)
     return config
 
 
@@ -148,6 +159,7 @@ def run_server(
     _quiet_garbage_collector()
     manager.start()
     log.info("job containment in force: %s", manager.executor.containment.why)
+    log.info("GPU placement: %s", manager.runs.topology.describe())
     log.info(
         "serving on %s: the dashboard at %s/ (sign in with a queue or the admin token), "
         "the API under %s/v1; at most %d connections (file descriptors: %d)",

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 
 from preemptible.errors import ConfigError
-from preemptible.queue.service.gpus import detect_gpus
+from preemptible.queue.service.gpus import detect_gpus, detect_topology
 
 
 class FakeNVMLError(Exception):
@@ -82,3 +82,43 @@ def test_no_gpu_at_all_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(ConfigError, match="found no GPU"):
         detect_gpus()
     assert calls[-1] == "nvmlShutdown"
+
+
+def install_fake_topology(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake `pynvml` for a machine of 8 GPUs: NVLink within 0-3 and within 4-7, a PCIe
+    switch per pair, a socket per half (as `nvidia-smi topo -m` would show: NV4, PIX, NODE,
+    SYS)."""
+
+    def p2p(a: int, b: int, index: int) -> int:
+        assert index == 3, "asks for NVLink (NVML_P2P_CAPS_INDEX_NVLINK)"
+        return 0 if a // 4 == b // 4 else 2  # NVML_P2P_STATUS_OK or not supported
+
+    def ancestor(a: int, b: int) -> int:
+        if a // 2 == b // 2:
+            return 10  # NVML_TOPOLOGY_SINGLE: one PCIe switch
+        return 40 if a // 4 == b // 4 else 50  # NODE, SYSTEM
+
+    fake = types.ModuleType("pynvml")
+    fake.NVMLError = FakeNVMLError  # type: ignore[attr-defined]
+    fake.nvmlInit = lambda: None  # type: ignore[attr-defined]
+    fake.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetCount = lambda: 8  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetP2PStatus = p2p  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetTopologyCommonAncestor = ancestor  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+
+
+def test_the_topology_is_read_from_nvml_links(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_fake_topology(monkeypatch)
+    topology = detect_topology()
+    assert topology.islands == (frozenset({0, 1, 2, 3}), frozenset({4, 5, 6, 7}))
+    assert topology.pcie == tuple(frozenset({i, i + 1}) for i in range(0, 8, 2))
+    assert topology.sockets == topology.islands
+    assert topology.describe() == "2 NVLink islands of 4, 4 PCIe switches of 2, 2 sockets of 4"
+
+
+def test_a_topology_nvml_cannot_read_says_how_to_write_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_fake_nvml(monkeypatch, init_error="Driver Not Loaded")
+    with pytest.raises(ConfigError, match=r"write the islands, pcie and sockets in \[cluster"):
+        detect_topology()
