@@ -34,12 +34,19 @@ whatever kueue loses.
 
     .venv/bin/python benchmarks/policy_family.py [--draws 40] [--seed-base 0] [--workers N]
         [--only SEED[,SEED]] [--held-out [SEED[,SEED]]] [--json out.json] [--jobs N]
+        [--crash-rate R] [--hang-rate R] [--failure-seed S] [--compare-with JSON]
 
 `--only` replays the named draws (the worst draws are printed with that command); `--held-out`
 replays the held-out workload (`family.held_out_workload`, seed 0 or the seeds given) beside the
 reference numbers published with its description (`family_goals.HELD_OUT_REFERENCE`);
 `--jobs` shrinks every draw to N jobs for a quick look (its numbers are not the family's).
 Same seeds, same numbers: only the wall times differ between runs.
+
+`--crash-rate` and `--hang-rate` (per 1,000 GPU-hours of running, as `preemptible sim` takes
+them) replay every policy with jobs that crash and hang, the same jobs after the same GPU-hours
+of running under every policy, restarted as the queue manager restarts them; the report then
+ends with what they cost each policy and its goodput against the baselines', beside the same
+draws without failures from `--compare-with` (an earlier `--json` run).
 """
 
 from __future__ import annotations
@@ -71,10 +78,12 @@ from preemptible.sim.evaluation.family_summary import (
     clause_counts,
     counts,
     draw_report,
+    failure_summary,
     gain_per_lost,
     lost_by_kind,
     worst,
 )
+from preemptible.sim.failures import FailureRates
 from preemptible.sim.family import Knobs, draw_knobs, held_out_knobs, parse_seeds
 
 
@@ -83,6 +92,7 @@ def run(
     workers: int,
     switches: dict[str, bool] | None = None,
     baselines: dict[str, dict[str, dict[str, Any]]] | None = None,
+    failures: FailureRates | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
     """Every draw under every policy, in parallel; the reports in the given order and the wall
     time. A line per finished draw goes to stderr. Ours is the slowest replay, so its tasks go
@@ -93,7 +103,7 @@ def run(
     got: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in draws}
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = {
-            pool.submit(replay, knobs, p, switches): name
+            pool.submit(replay, knobs, p, switches, failures): name
             for p in order
             for name, knobs in draws.items()
         }
@@ -243,6 +253,45 @@ def print_lost(draws: list[dict[str, Any]]) -> None:
         )
 
 
+def print_failures(
+    draws: list[dict[str, Any]], rates: FailureRates, without: list[dict[str, Any]] | None
+) -> None:
+    """What crashes and hangs cost each policy, and goodput against the baselines' with them
+    (and without them, from `--compare-with`)."""
+    s = failure_summary(draws, without)
+    n = len(draws)
+    print(
+        f"\nwith {rates.crashes_per_1000_gpu_h:g} crashes and {rates.hangs_per_1000_gpu_h:g} "
+        f"hangs per 1,000 GPU-hours of running (seed {rates.seed}), on {n} draws:"
+    )
+    print(
+        f"  {'policy':<12}{'goodput median':>16}{'without':>9}{'change':>8}"
+        f"{'ours higher':>13}{'without':>9}{'goal 1':>8}{'crashes':>9}{'hangs':>7}"
+        f"{'failed':>8}{'lost to failures':>18}{'never done':>12}"
+    )
+    for policy, r in s.items():
+        before = r.get("median_goodput_without")
+        without = "" if before is None else f"{before:.2%}"
+        change = "" if before is None else f"{100 * r['median_change']:+.2f}"
+        print(
+            f"  {policy:<12}{r['median_goodput']:>16.2%}{without:>9}{change:>8}"
+            f"{_ratio(r.get('ours_higher'), n):>13}{_ratio(r.get('ours_higher_without'), n):>9}"
+            f"{r['goodput_goal_met']:>8}{r['crashes']:>9,}{r['hangs']:>7,}{r['jobs_failed']:>8,}"
+            f"{r['failure_lost_gpu_h']:>9,.0f} ({r['failure_lost_share']:.2%})"
+            f"{r['unfinished_gpu_h']:>12,.0f}"
+        )
+    print(
+        "goodput: median over the draws while jobs arrive; change: median per draw, points; "
+        "ours higher: draws on which ours' goodput is above the policy's; goal 1: draws it meets "
+        "the goodput goal against the other four; lost to failures: GPU-h (share of delivered); "
+        "never done: GPU-h of work of jobs failed after max_restarts"
+    )
+
+
+def _ratio(count: int | None, n: int) -> str:
+    return "" if count is None else f"{count}/{n}"
+
+
 def print_held_out(d: dict[str, Any]) -> None:
     print(f"the held-out workload, seed {d['seed']}: {d['summary']}")
     print(
@@ -318,6 +367,45 @@ def _baselines(
     return {n: saved[n] for n in names}
 
 
+def _failure_rates(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> FailureRates | None:
+    """The crash and hang rates asked for; None where none is."""
+    try:
+        rates = FailureRates(
+            crashes_per_1000_gpu_h=args.crash_rate,
+            hangs_per_1000_gpu_h=args.hang_rate,
+            seed=args.failure_seed,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.compare_with and not rates.on:
+        parser.error("--compare-with goes with --crash-rate or --hang-rate above 0")
+    return rates if rates.on else None
+
+
+def _without_failures(
+    parser: argparse.ArgumentParser,
+    path: Path | None,
+    failures: FailureRates | None,
+    names: list[str],
+) -> list[dict[str, Any]] | None:
+    """The draws of an earlier ``--json`` run without failures, for `--compare-with`."""
+    if path is None:
+        return None
+    try:
+        saved = json.loads(path.read_text())
+        runs = {d["name"]: d for d in saved["draws"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        parser.error(f"--compare-with {path}: not the --json output of this script ({e!r})")
+    if "failures" in saved:
+        parser.error(f"--compare-with {path}: a run with failures; give one without")
+    missing = [n for n in names if n not in runs]
+    if missing:
+        parser.error(f"--compare-with {path} lacks the draws {', '.join(missing[:5])}")
+    return [runs[n] for n in names]
+
+
 def seeds_arg(parser: argparse.ArgumentParser, option: str, text: str) -> list[int]:
     """Seeds given as ``1,4,9``; exits with a usage error otherwise."""
     try:
@@ -368,6 +456,30 @@ def main() -> None:
         "replay ours only (with --switch: a rule's effect in a fifth of the time)",
     )
     parser.add_argument(
+        "--crash-rate",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="jobs crash R times per 1,000 GPU-hours of running, every policy (%(default)s)",
+    )
+    parser.add_argument(
+        "--hang-rate",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="jobs hang R times per 1,000 GPU-hours of running, every policy (%(default)s)",
+    )
+    parser.add_argument(
+        "--failure-seed", type=int, default=0, help="seed of the crash and hang draws (%(default)s)"
+    )
+    parser.add_argument(
+        "--compare-with",
+        type=Path,
+        metavar="JSON",
+        help="with failure rates: an earlier --json run of the same draws without failures, "
+        "whose goodput is printed beside",
+    )
+    parser.add_argument(
         "--ceiling",
         type=Path,
         nargs="+",
@@ -384,6 +496,7 @@ def main() -> None:
             parser.error(f"--ceiling: not the --json output of this script ({e!r})")
         return
     switches = _switches(parser, args.switch)
+    failures = _failure_rates(parser, args)
     if args.draws < 1 or args.workers < 1 or args.seed_base < 0:
         parser.error("--draws and --workers must be 1 or more, --seed-base 0 or more")
     if args.jobs is not None and args.jobs < 1:
@@ -401,13 +514,21 @@ def main() -> None:
     if args.jobs is not None:
         draws = {name: dataclasses.replace(k, jobs=args.jobs) for name, k in draws.items()}
     baselines = _baselines(parser, args.baselines, list(draws)) if args.baselines else None
+    if baselines and failures:
+        parser.error("--baselines replays ours alone: give failure rates to a run of all five")
+    without = _without_failures(parser, args.compare_with, failures, list(draws))
     variant = "".join(f" --switch {k}={str(v).lower()}" for k, v in switches.items())
+    if failures:
+        variant += (
+            f" --crash-rate {failures.crashes_per_1000_gpu_h:g}"
+            f" --hang-rate {failures.hangs_per_1000_gpu_h:g} --failure-seed {failures.seed}"
+        )
     print(
         f"{len(draws)} draws x {1 if baselines else len(POLICIES)} policies on {args.workers} "
         f"workers{variant}",
         flush=True,
     )
-    reports, wall = run(draws, args.workers, switches, baselines)
+    reports, wall = run(draws, args.workers, switches, baselines, failures)
     if args.held_out is not None:
         for report in reports:
             print_held_out(report)
@@ -416,8 +537,11 @@ def main() -> None:
         print_report(reports, wall, args.workers, flags)
     else:
         print(f"{wall:.0f}s wall")
+    if failures:
+        print_failures(reports, failures, without)
     if args.json:
         report = {
+            **({"failures": dataclasses.asdict(failures)} if failures else {}),
             "draws": reports,
             "counts": counts(reports),
             "proposed_counts": counts(reports, "proposed_by_policy"),

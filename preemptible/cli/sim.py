@@ -1,7 +1,7 @@
 """`preemptible sim`: replay a trace through the scheduling core, side by side per policy.
 
     preemptible sim --trace FILE --config queue.toml [--policy NAME|all] [--json FILE] [--plot DIR]
-        [--html FILE]
+        [--html FILE] [--crash-rate R] [--hang-rate R] [--failure-seed S]
     preemptible sim import SOURCE.csv OUT.csv [--config-out queue.toml]
     preemptible sim synth OUT.csv --jobs N --gpus G [--config-out queue.toml]
 
@@ -14,12 +14,16 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from preemptible.cli._common import OnceCommand, OnceGroup, console, echo, table
 from preemptible.errors import PreemptibleError
+
+if TYPE_CHECKING:
+    from preemptible.queue.core import QueueConfig
+    from preemptible.sim.failures import FailureRates
 
 app = typer.Typer(
     help="Replay a job trace through the scheduling policies in virtual time.",
@@ -62,6 +66,24 @@ def sim(
     cycle_interval: Annotated[
         str, typer.Option(help="Least virtual time between two scheduling cycles.")
     ] = "10s",
+    crash_rate: Annotated[
+        float,
+        typer.Option(
+            help="Crashes per 1,000 GPU-hours of running (0: none). A crashed job loses its "
+            "work since its last checkpoint and restarts from it, as the config's restarts "
+            "table says."
+        ),
+    ] = 0.0,
+    hang_rate: Annotated[
+        float,
+        typer.Option(
+            help="Hangs per 1,000 GPU-hours of running (0: none). A hung job holds its GPUs "
+            "doing nothing until the hang bound, then is killed and restarted as after a crash."
+        ),
+    ] = 0.0,
+    failure_seed: Annotated[
+        int, typer.Option(help="Seed of the crash and hang draws: same seed, same failures.")
+    ] = 0,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Replay TRACE under CONFIG with one policy or all, and report the four signals."""
@@ -78,6 +100,7 @@ def sim(
             checkpoint_interval=checkpoint_interval,
             checkpoint_cost=checkpoint_cost,
             cycle_interval=cycle_interval,
+            failures=_failure_rates(crash_rate, hang_rate, failure_seed),
             plot=plot,
             html=html,
             quiet=quiet,
@@ -104,11 +127,15 @@ def run_sim(
     checkpoint_interval: str = "30m",
     checkpoint_cost: str = "60s",
     cycle_interval: str = "10s",
+    failures: FailureRates | None = None,
     plot: Path | None = None,
     html: Path | None = None,
     quiet: bool = True,
 ) -> dict[str, Any]:
     """Run the simulation(s) and return the `--json` report object.
+
+    With `failures` that model any, the report says what was drawn under `failures` and every
+    policy's metrics say what the crashes and hangs cost (`preemptible.sim.kpis`).
 
     With `html`, also write the HTML report there; a path that cannot be written fails before
     any simulation runs.
@@ -116,6 +143,7 @@ def run_sim(
     from preemptible.errors import ConfigError
     from preemptible.queue.core import POLICIES, parse_config_text, parse_duration
     from preemptible.sim import SimOptions, Simulator, read_trace, summarize
+    from preemptible.sim.failures import FailureRates
     from preemptible.sim.importers import quota_shortfalls
 
     names = list(POLICIES) if policy == "all" else [policy]
@@ -136,6 +164,7 @@ def run_sim(
         checkpoint_interval_s=parse_duration(checkpoint_interval, key="--checkpoint-interval"),
         default_checkpoint_s=parse_duration(checkpoint_cost, key="--checkpoint-cost"),
         cycle_interval_s=parse_duration(cycle_interval, key="--cycle-interval"),
+        failures=failures or FailureRates(),
     )
     report: dict[str, Any] = {
         "trace": str(trace),
@@ -149,6 +178,8 @@ def run_sim(
         ],
         "policies": {},
     }
+    if options.failures.on:
+        report["failures"] = failure_settings(options.failures, cfg)
     with _progress(quiet) as bar:
         for name in names:
             task = bar.add_task(name, total=len(jobs)) if bar else None
@@ -168,6 +199,35 @@ def run_sim(
     if page is not None:
         page.write(report)
     return report
+
+
+def _failure_rates(crash_rate: float, hang_rate: float, seed: int) -> FailureRates:
+    """The rates of the command line, checked (a negative rate is refused)."""
+    from preemptible.sim.failures import FailureRates
+
+    try:
+        return FailureRates(
+            crashes_per_1000_gpu_h=crash_rate, hangs_per_1000_gpu_h=hang_rate, seed=seed
+        )
+    except PreemptibleError as exc:
+        _fail(str(exc))
+
+
+def failure_settings(rates: FailureRates, cfg: QueueConfig) -> dict[str, Any]:
+    """The report's `failures`: the rates and seed, and the restart rules they met."""
+    from preemptible.sim.failures import FailureModel
+
+    rules = cfg.restarts
+    return {
+        "crashes_per_1000_gpu_h": rates.crashes_per_1000_gpu_h,
+        "hangs_per_1000_gpu_h": rates.hangs_per_1000_gpu_h,
+        "seed": rates.seed,
+        "hang_bound_s": FailureModel(rates, rules).hang_bound_s,
+        "max_restarts": {q.name: cfg.restart_limit(q.name) for q in cfg.queues},
+        "backoff_s": rules.backoff_s,
+        "backoff_max_s": rules.backoff_max_s,
+        "crash_loop_after": rules.crash_loop_after,
+    }
 
 
 def _print_notes(notes: list[str], limit: int = 5) -> None:
@@ -221,6 +281,8 @@ def _print_tables(report: dict[str, Any]) -> None:
         f"{report['trace']}: {o['jobs']} jobs on {o['gpus']} GPUs, demand "
         f"{o['demand_ratio']:.2f}x supply, checkpointing {report['checkpointing']}"
     )
+    if "failures" in report:
+        where += ", " + failure_words(report["failures"])
     if len(policies) > 1:
         out.print(where)
         out.print(_summary(policies))
@@ -258,6 +320,8 @@ def _print_tables(report: dict[str, Any]) -> None:
         per_queue.add_row(*row)
     out.print(per_queue)
     _print_lost_by_kind(out, policies)
+    if "failures" in report:
+        _print_failures(out, policies)
 
 
 SUMMARY = (
@@ -268,19 +332,25 @@ SUMMARY = (
     ("lost_gpu_s", "work lost to preemption", False),
 )
 """The signals the summary compares: (key, words, higher is better)."""
+FAILURE_SUMMARY = ("failure_lost_gpu_s", "work lost to crashes and hangs", False)
+"""The summary's last signal where the run models crashes and hangs."""
 
 
 def _summary(policies: dict[str, Any]) -> Any:
     """The report's opening: on each main signal, the policy judged (`preemptible`, else the
     first) against the best of the others, and which one that is."""
-    from preemptible.sim.kpis import COMPARISON_COLUMNS, column_format
+    from preemptible.sim.kpis import COMPARISON_COLUMNS, Column, column_format
 
     judged = "preemptible" if "preemptible" in policies else next(iter(policies))
     columns = {c.key: c for c in COMPARISON_COLUMNS}
+    signals: tuple[tuple[str, str, bool], ...] = SUMMARY
+    if "failure_lost_gpu_s" in policies[judged]["overall"]:
+        signals = (*SUMMARY, FAILURE_SUMMARY)
+        columns[FAILURE_SUMMARY[0]] = Column(FAILURE_SUMMARY[0], "lost", "gpuh", False)
     summary = table(title=f"summary: {judged} against the best other policy")
     for heading in ("signal", judged, "best other", "which"):
         summary.add_column(heading, justify="left" if heading in ("signal", "which") else "right")
-    for key, words, higher in SUMMARY:
+    for key, words, higher in signals:
         values = {name: m["overall"][key] for name, m in policies.items()}
         others = {n: v for n, v in values.items() if n != judged}
         best = (max if higher else min)(others, key=lambda n: others[n])
@@ -288,6 +358,32 @@ def _summary(policies: dict[str, Any]) -> Any:
         unit = label[label.rfind("(") :] if label.endswith(")") else ""
         summary.add_row(f"{words} {unit}".strip(), fmt(values[judged]), fmt(others[best]), best)
     return summary
+
+
+def failure_words(failures: dict[str, Any]) -> str:
+    """The failure rates of a run, in words (the `failures` of the report)."""
+    return (
+        f"{failures['crashes_per_1000_gpu_h']:g} crashes and {failures['hangs_per_1000_gpu_h']:g} "
+        f"hangs per 1,000 GPU-hours of running (seed {failures['seed']})"
+    )
+
+
+def _print_failures(out: Any, policies: dict[str, Any]) -> None:
+    """What crashes and hangs cost each policy."""
+    from preemptible.sim.kpis import FAILURE_COLUMNS, column_format
+
+    costs = table(
+        title="crashes and hangs, per policy (their loss counted apart from preemptions')"
+    )
+    costs.add_column("policy")
+    formats = []
+    for column in FAILURE_COLUMNS:
+        label, fmt = column_format(column, [m["overall"][column.key] for m in policies.values()])
+        costs.add_column(label, justify="right")
+        formats.append((column.key, fmt))
+    for name, metrics in policies.items():
+        costs.add_row(name, *(fmt(metrics["overall"][key]) for key, fmt in formats))
+    out.print(costs)
 
 
 def _print_lost_by_kind(out: Any, policies: dict[str, Any]) -> None:

@@ -24,6 +24,16 @@ GPU-seconds = GPUs before x save + GPUs after x restore, charged at the notice. 
 its GPUs until it has saved; a grow holds its new ones from the notice. A job evicted while it
 saves for a shrink leaves when that save ends, and its restart at the smaller size (with the
 restore charged for it) never happens.
+
+With failure rates (`SimOptions.failures`, `preemptible.sim.failures`) jobs also crash and hang.
+A crash frees the job's GPUs at once and loses its work since its last regular checkpoint; a
+hang holds them, doing nothing, until the hang bound, then a notice and the grace (the job
+cannot act on it), and loses the same. Either way the job waits its back-off out of the queue
+and rejoins it to restart from that checkpoint, paying its restore, as the queue manager
+restarts it (the configuration's `[restarts]`), or has failed for good. Their loss is kept
+apart from preemptions' (`JobFailures.lost_gpu_s`), charged when the job leaves. A hung job
+told to go before the hang is noticed cannot save either: its loss up to the notice is the
+hang's, the rest of its grace and its restore the notice's.
 """
 
 from __future__ import annotations
@@ -46,15 +56,20 @@ from preemptible.queue.core import (
     RunningJob,
     Tier,
 )
+from preemptible.queue.core.negotiation import grace_seconds
 from preemptible.queue.scheduler_loop import Leaving, Shell
+from preemptible.sim.failures import FailureKind, FailureModel, FailureRates, JobFailures
 from preemptible.sim.trace import TraceJob
 
 _ARRIVE, _EXIT, _FINISH, _SHRUNK = 0, 1, 2, 3
+_FAIL, _HUNG, _KILLED, _REJOIN = 4, 5, 6, 7
+"""Failure events come last at an instant: a run that ends when it would fail has ended."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SimOptions:
-    """How jobs behave under preemption and how often the scheduler runs."""
+    """How jobs behave under preemption, how often they fail and how often the scheduler
+    runs."""
 
     checkpoint_mode: str = "aware"
     """"aware" (saves on notice, the SDK) or "periodic" (plain periodic checkpoints only)."""
@@ -69,6 +84,8 @@ class SimOptions:
     """After a victim search finds nothing, the same kind of job waits this long to retry."""
     timeline_bins: int = 240
     """Resolution of the per-queue utilisation timeline (for plots)."""
+    failures: FailureRates = field(default_factory=FailureRates)
+    """How often jobs crash and hang (never, by default)."""
 
 
 @dataclass(slots=True)
@@ -114,6 +131,8 @@ class JobHistory:
     """Start of the part of the current run held at `hold_gpus`."""
     shrink_to: tuple[int, tuple[tuple[int, int], ...]] | None = None
     """(GPUs, placement) of a shrink sent and not yet saved."""
+    failures: JobFailures | None = None
+    """Its crashes and hangs (None: the run models none)."""
 
 
 @dataclass(slots=True)
@@ -135,6 +154,10 @@ class SimResult:
     """GPU-seconds lost per queue and bin, charged at the preemption (as `lost_gpu_s`)."""
     timeline_preemptions: dict[str, list[int]] = field(default_factory=dict)
     """Preemptions (moves included) per queue and bin."""
+    timeline_failure_lost_gpu_s: dict[str, list[float]] = field(default_factory=dict)
+    """GPU-seconds lost to crashes and hangs per queue and bin, charged when the job left."""
+    models_failures: bool = False
+    """Whether jobs could crash and hang in this run (`SimOptions.failures`)."""
 
 
 class Simulator:
@@ -188,6 +211,9 @@ class Simulator:
         self.elastic = any(j.min_gpus is not None for j in jobs)
         """Whether any job is elastic: then cycles run also while nothing is pending, when a
         shrunk job might grow on idle GPUs."""
+        self.failure_model = (
+            FailureModel(options.failures, config.restarts) if options.failures.on else None
+        )
 
     # --- event plumbing ----------------------------------------------------------------------
 
@@ -223,6 +249,9 @@ class Simulator:
                             self.progress(done, total)
                 elif kind == _SHRUNK:
                     self._shrunk(job_id, now, token)
+                elif kind >= _FAIL:
+                    if self._failure_event(kind, job_id, now, token):
+                        done += 1
                 else:
                     self._exit(job_id, now, token)
             if not self.state.pending and not (self.elastic and self._may_grow()):
@@ -256,6 +285,7 @@ class Simulator:
             sim_seconds=time.perf_counter() - wall,
             cycles=cycles,
             fragmentation_mean=frag_sum / cycles if cycles else 0.0,
+            models_failures=self.failure_model is not None,
         )
         _timeline(outcome, self.options.timeline_bins)
         return outcome
@@ -268,9 +298,14 @@ class Simulator:
 
     # --- events ------------------------------------------------------------------------------
 
+    def _checkpoint_s(self, rec: JobHistory) -> float:
+        """The job's save (and restore) time."""
+        tj = rec.trace
+        return tj.checkpoint_s if tj.checkpoint_s is not None else self.options.default_checkpoint_s
+
     def _core_job(self, rec: JobHistory) -> Job:
         tj = rec.trace
-        ckpt = tj.checkpoint_s if tj.checkpoint_s is not None else self.options.default_checkpoint_s
+        ckpt = self._checkpoint_s(rec)
         estimate = None
         if tj.estimate_s is not None:
             estimate = max(60.0, tj.estimate_s - rec.saved_s)
@@ -294,6 +329,8 @@ class Simulator:
 
     def _arrive(self, job_id: str, now: float) -> None:
         rec = self.records[job_id]
+        if self.failure_model is not None:
+            rec.failures = self.failure_model.new_job(job_id)
         rec.pending_since = now
         self.state.submit(self._core_job(rec))
 
@@ -347,9 +384,14 @@ class Simulator:
         rec.run_rate = running.size / job.request.gpus if job.request.gpus else 1.0
         rec.run_token += 1
         self._push(self._finish_at(rec), _FINISH, job.id, rec.run_token)
+        if rec.failures is not None:
+            rec.failures.attempt_saved_s = rec.saved_s
+            self._arm(rec, now, running.size)
 
     def _finish_at(self, rec: JobHistory) -> float:
-        """When the current run completes, if nothing interrupts it."""
+        """When the current run completes, if nothing interrupts it (a hung run never does)."""
+        if _hung_at(rec) is not None:
+            return float("inf")
         remaining = rec.trace.duration_s - rec.saved_s
         if rec.run_rate != 1.0:
             remaining /= rec.run_rate
@@ -363,8 +405,10 @@ class Simulator:
         """(progress saved, time from which work is unsaved) by regular checkpoints up to t.
 
         Without a checkpoint in this run that time is the end of its restore, not its start:
-        the restore was charged at the preemption before, with the lost work.
+        the restore was charged at the preemption before, with the lost work. A hung run
+        checkpoints nothing after its step stood still.
         """
+        t = _until_hang(rec, t)
         interval = self.options.checkpoint_interval_s
         worked = max(0.0, t - rec.run_start_s - rec.run_restore_s)
         k = int(worked // interval) if interval else 0
@@ -377,19 +421,20 @@ class Simulator:
         loses is charged now."""
         job = running.job
         rec = self.records[job.id]
+        self._disarm(rec, now)
         if rec.shrink_to is not None:
             return self._noticed_while_shrinking(notice, running, now)
         gpus = max(running.size, 1)
         finish_at = self._finish_at(rec)
         save = job.save_s
-        if self.options.checkpoint_mode == "aware" and save <= notice.grace_s:
+        if self._saves_within(rec, save, notice.grace_s):
             exit_at = now + save
             new_saved = self._progress_at(rec, now)
             lost = gpus * save  # the save now
         else:
             exit_at = now if self.options.checkpoint_mode == "periodic" else now + notice.grace_s
             new_saved, saved_at = self._checkpointed_at(rec, now)
-            lost = gpus * (exit_at - saved_at)
+            lost = gpus * (exit_at - saved_at) - self._end_hang(rec, now, gpus)
         if new_saved > 0:
             lost += gpus * save  # the restore at its next start (`_core_job`: none from zero)
         if finish_at <= exit_at:
@@ -436,8 +481,10 @@ class Simulator:
         notice) and restarts at the new size, paying its restore."""
         job = running.job
         rec = self.records[job.id]
+        self._disarm(rec, now)
+        finish_at = self._finish_at(rec)
         save = job.save_s
-        if self.options.checkpoint_mode == "aware" and save <= resize.grace_s:
+        if self._saves_within(rec, save, resize.grace_s):
             restart_at = now + save
             new_saved = self._progress_at(rec, now)
             unsaved = running.size * save
@@ -445,9 +492,10 @@ class Simulator:
             restart_at = now if self.options.checkpoint_mode == "periodic" else now + resize.grace_s
             new_saved, saved_at = self._checkpointed_at(rec, now)
             unsaved = running.size * (restart_at - saved_at)
+            unsaved -= self._end_hang(rec, now, running.size)
         if resize.kind == "grow":
             self._hold(rec, now, resize.gpus)  # the shell gave it the GPUs at once
-        if self._finish_at(rec) <= restart_at:
+        if finish_at <= restart_at:
             return  # it completes first: its finish stands, nothing is lost
         restore = save if new_saved > 0 else 0.0
         lost = unsaved + resize.gpus * restore
@@ -468,6 +516,13 @@ class Simulator:
         if resize.kind == "shrink":
             rec.shrink_to = (resize.gpus, resize.placement)
             self._push(restart_at, _SHRUNK, job.id, rec.run_token)
+        self._arm(rec, restart_at, resize.gpus)
+
+    def _saves_within(self, rec: JobHistory, save_s: float, grace_s: float) -> bool:
+        """Whether the job saves on a notice with this grace: an aware job whose save fits,
+        unless it is hung (its step boundary never comes)."""
+        aware = self.options.checkpoint_mode == "aware"
+        return aware and save_s <= grace_s and _hung_at(rec) is None
 
     def _shrunk(self, job_id: str, now: float, token: int) -> None:
         """A shrunk job has saved: the GPUs it gave up are free."""
@@ -479,6 +534,100 @@ class Simulator:
         self.shell.shrunk(job_id, gpus, now, placement or None)
         self._hold(rec, now, gpus)
         rec.last_resized_at = now  # as the core's state has it: a shrink from its restart
+
+    # --- crashes and hangs (`preemptible.sim.failures`) ---------------------------------------
+
+    def _arm(self, rec: JobHistory, since: float, gpus: int) -> None:
+        """The run may fail from `since` on `gpus` GPUs: schedule its next failure."""
+        if self.failure_model is None or rec.failures is None:
+            return
+        at = self.failure_model.arm(rec.failures, since, gpus)
+        if at is not None:
+            self._push(at, _FAIL, rec.trace.job_id, rec.failures.token)
+
+    def _disarm(self, rec: JobHistory, now: float) -> None:
+        """The run is told to go or resize: its scheduled failure is off."""
+        if self.failure_model is not None and rec.failures is not None:
+            self.failure_model.disarm(rec.failures, now)
+
+    def _failure_event(self, kind: int, job_id: str, now: float, token: int) -> bool:
+        """A failure strikes, a hang is noticed or killed, or a back-off ends. True when the
+        job has failed for good: it is done, its remaining work never runs."""
+        rec = self.records[job_id]
+        model, failures = self.failure_model, rec.failures
+        assert model is not None and failures is not None
+        if kind == _REJOIN:
+            self.state.submit(self._core_job(rec))
+            return False
+        running = self.state.running.get(job_id)
+        if token != failures.token or running is None:
+            return False  # stale: the run left, or was told to go or resize
+        if kind == _KILLED:
+            return self._fail_run(rec, now, FailureKind.HANG)
+        if kind == _HUNG:
+            grace = grace_seconds(running.job.save_s, self.config.preemption)
+            self.state.mark_terminating(job_id, expected_end=now + grace)
+            self._push(now + grace, _KILLED, job_id, failures.token)
+            return False
+        if model.strike(failures, now) is FailureKind.CRASH:
+            return self._fail_run(rec, now, FailureKind.CRASH)
+        rec.run_token += 1  # a hung run never finishes
+        self._push(now + model.hang_bound_s, _HUNG, job_id, failures.token)
+        return False
+
+    def _fail_run(self, rec: JobHistory, now: float, kind: FailureKind) -> bool:
+        """The run crashed, or was killed hung: it loses its work since its last checkpoint
+        and frees its GPUs; then it waits its back-off and rejoins its queue, or has failed for
+        good (True)."""
+        model, failures = self.failure_model, rec.failures
+        assert model is not None and failures is not None
+        gpus = rec.hold_gpus
+        new_saved, saved_at = self._checkpointed_at(rec, now)
+        lost = gpus * max(0.0, now - saved_at)
+        failures.hung_at = None
+        rec.run_token += 1
+        self._release(rec, now)
+        rec.saved_s = new_saved
+        limit = self.config.restart_limit(rec.trace.queue)
+        verdict = model.verdict(failures, limit, progressed=new_saved > failures.attempt_saved_s)
+        if verdict.gave_up is None:
+            if new_saved > 0:
+                lost += gpus * self._checkpoint_s(rec)  # the restore at its restart
+            rec.pending_since = now  # the back-off counts as waiting, as in the queue manager
+            self._push(now + verdict.backoff_s, _REJOIN, rec.trace.job_id)
+        else:
+            failures.gave_up = verdict.gave_up
+            rec.end_s = now
+        _charge_failure(failures, now, lost, kind)
+        return verdict.gave_up is not None
+
+    def _end_hang(self, rec: JobHistory, now: float, gpus: int) -> float:
+        """A hung job told to go or resize before the hang was noticed: charge the hang what
+        is lost up to now (from the last checkpoint), and return it."""
+        failures = rec.failures
+        if failures is None or failures.hung_at is None:
+            return 0.0
+        _, saved_at = self._checkpointed_at(rec, now)
+        lost = gpus * max(0.0, now - saved_at)
+        failures.hung_at = None
+        _charge_failure(failures, now, lost, FailureKind.HANG)
+        return lost
+
+
+def _hung_at(rec: JobHistory) -> float | None:
+    """When the job's current run hung (None: it is not hung)."""
+    return None if rec.failures is None else rec.failures.hung_at
+
+
+def _until_hang(rec: JobHistory, t: float) -> float:
+    """`t`, or the moment the run hung if that came first: a hung run makes no progress."""
+    hung = _hung_at(rec)
+    return t if hung is None else min(t, hung)
+
+
+def _charge_failure(failures: JobFailures, now: float, lost: float, kind: FailureKind) -> None:
+    failures.lost_gpu_s += lost
+    failures.log.append((now, lost, kind))
 
 
 def _timeline(result: SimResult, bins: int) -> None:
@@ -496,6 +645,12 @@ def _timeline(result: SimResult, bins: int) -> None:
             preemptions.setdefault(rec.trace.queue, [0] * bins)[i] += 1
     result.timeline_lost_gpu_s = lost
     result.timeline_preemptions = preemptions
+    failed: dict[str, list[float]] = {}
+    for rec in result.records:
+        for at, amount, _ in rec.failures.log if rec.failures is not None else ():
+            i = min(int((at - result.start_s) / width), bins - 1)
+            failed.setdefault(rec.trace.queue, [0.0] * bins)[i] += amount
+    result.timeline_failure_lost_gpu_s = failed
     series: dict[str, list[float]] = {}
     for rec in result.records:
         for (start, end), g in zip(rec.runs, rec.run_gpus, strict=True):

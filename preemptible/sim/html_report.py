@@ -28,7 +28,7 @@ from preemptible._files import replace_atomically
 from preemptible._units import fmt_duration
 from preemptible._version import __version__
 from preemptible.sim.engine import SimResult
-from preemptible.sim.kpis import COMPARISON_COLUMNS, Column, format_metric
+from preemptible.sim.kpis import COMPARISON_COLUMNS, FAILURE_COLUMNS, Column, format_metric
 from preemptible.sim.plots import COMPARISON_CHARTS, RUN_CHARTS, Timeline, png_bytes, timeline
 
 QUEUE_COLUMNS = (
@@ -47,6 +47,13 @@ QUEUE_COLUMNS = (
     Column("lost_gpu_s", "lost GPU-h", "gpuh", False),
 )
 """Columns of each policy's per-queue table (keys of `summarize()`'s per-queue metrics)."""
+QUEUE_FAILURE_COLUMNS = (
+    Column("crashes", "crashes", "count", False),
+    Column("hangs", "hangs", "count", False),
+    Column("jobs_failed", "jobs failed", "count", False),
+    Column("failure_lost_gpu_s", "lost to failures GPU-h", "gpuh", False),
+)
+"""Columns added to the per-queue tables where the run models crashes and hangs."""
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px;
@@ -130,6 +137,7 @@ def render(report: Mapping[str, Any], charts: HtmlReport, *, generated_at: datet
         _notes(report),
         '<section id="comparison"><h2>Policies compared</h2>',
         _comparison_table(policies),
+        _failure_table(policies) if "failures" in report else "",
         *(_figure(chart) for chart in charts.comparison()),
         "</section>",
         *(_policy_section(name, m, charts.runs.get(name, [])) for name, m in policies.items()),
@@ -186,6 +194,7 @@ def _header(report: Mapping[str, Any], generated_at: datetime) -> str:
         ("checkpoint interval", _duration_or_dash(report.get("checkpoint_interval_s"))),
         ("checkpoint cost", _duration_or_dash(report.get("default_checkpoint_s"))),
         ("cycle interval", _duration_or_dash(report.get("cycle_interval_s"))),
+        *_failure_rows(report.get("failures")),
         ("generated", generated_at.strftime("%Y-%m-%d %H:%M:%S %Z").strip()),
         ("preemptible", __version__),
     ]
@@ -213,11 +222,56 @@ def _notes(report: Mapping[str, Any]) -> str:
         "notice.</li>"
         "<li>Moves (a job sent to another node so that a blocked gang gets a node block) count "
         "as preemptions.</li>"
+        f"{_FAILURE_NOTE if 'failures' in report else ''}"
         "<li>Per-queue utilisation and goodput are shares of the whole cluster, so they add up "
         "to the overall figures.</li>"
         "<li>In the comparison, the best value of each column is in bold (ties at the printed "
         "precision are all marked).</li>"
         "</ul></section>"
+    )
+
+
+_FAILURE_NOTE = (
+    "<li>Jobs crash and hang at the rates in the header, the same jobs after the same GPU-hours "
+    "of running under every policy. A crash loses the work since the job's last checkpoint; a "
+    "hang holds its GPUs until the hang bound and a grace, and loses the same. Both restart "
+    "from the checkpoint after a back-off, up to max_restarts. Goodput subtracts their loss "
+    "too; the lost columns of the comparison are preemptions' alone.</li>"
+)
+
+
+def _failure_rows(failures: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """The header's lines on crashes and hangs (none where the run models none)."""
+    if failures is None:
+        return []
+    limits = sorted(set(failures["max_restarts"].values()))
+    return [
+        ("crashes", f"{failures['crashes_per_1000_gpu_h']:g} per 1,000 GPU-hours of running"),
+        ("hangs", f"{failures['hangs_per_1000_gpu_h']:g} per 1,000 GPU-hours of running"),
+        ("failure seed", str(failures["seed"])),
+        ("hang bound", fmt_duration(failures["hang_bound_s"])),
+        (
+            "restarts",
+            f"max_restarts {' to '.join(str(n) for n in limits) or '0'}; back-off "
+            f"{fmt_duration(failures['backoff_s'])} doubling to "
+            f"{fmt_duration(failures['backoff_max_s'])}; a crash loop after "
+            f"{failures['crash_loop_after']} failures without progress",
+        ),
+    ]
+
+
+def _failure_table(policies: Mapping[str, Any]) -> str:
+    """What crashes and hangs cost each policy (`FAILURE_COLUMNS`)."""
+    head = "".join(f"<th>{escape(c.heading)}</th>" for c in FAILURE_COLUMNS)
+    rows = [
+        f"<tr><th>{escape(name)}</th>"
+        + "".join(_td(m["overall"][c.key], c.kind) for c in FAILURE_COLUMNS)
+        + "</tr>"
+        for name, m in policies.items()
+    ]
+    return (
+        '<h3>Crashes and hangs</h3><table class="failures"><thead><tr><th>policy</th>'
+        f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
 
 
@@ -279,9 +333,11 @@ def _policy_section(name: str, metrics: Mapping[str, Any], charts: Sequence[Char
 
 
 def _queue_table(queues: Mapping[str, Mapping[str, float]]) -> str:
-    head = "".join(f"<th>{escape(c.label)}</th>" for c in QUEUE_COLUMNS)
+    first = next(iter(queues.values()), {})
+    columns = QUEUE_COLUMNS + (QUEUE_FAILURE_COLUMNS if "crashes" in first else ())
+    head = "".join(f"<th>{escape(c.label)}</th>" for c in columns)
     rows = [
-        f"<tr><th>{escape(q)}</th>{''.join(_td(m[c.key], c.kind) for c in QUEUE_COLUMNS)}</tr>"
+        f"<tr><th>{escape(q)}</th>{''.join(_td(m[c.key], c.kind) for c in columns)}</tr>"
         for q, m in queues.items()
     ]
     return (

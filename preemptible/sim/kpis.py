@@ -15,6 +15,14 @@ With elastic jobs in the trace, `shrinks` and `grows` count resizes apart from p
 resize saves and restores too), but not of `lost_gpu_s_per_preemption`. Without elastic jobs
 these keys are absent, so reports of rigid traces do not change.
 
+With crashes and hangs modelled (`SimOptions.failures`), `crashes`, `hangs`, `restarts`,
+`jobs_failed` (not restarted: out of restarts or a crash loop; `crash_loops` of them),
+`failure_lost_gpu_s` (`crash_lost_gpu_s` + `hang_lost_gpu_s`: work since the last checkpoint,
+the time a hang held its GPUs, restores) and `unfinished_gpu_s` (the work failed jobs never
+did) say what they cost. Goodput subtracts their loss as it does preemptions'; `lost_gpu_s`
+and everything per preemption stay preemptions' alone, and a failed job has no completion
+time (it is left out of the JCTs). Without failures these keys are absent.
+
 Per-queue utilisation and goodput are shares of the whole cluster, so they add up to overall.
 `demand_ratio` (GPU-seconds of work submitted / GPU-seconds available while jobs were arriving)
 says whether demand exceeded supply, which is where the goodput goal applies; for that goal
@@ -31,13 +39,17 @@ from preemptible._percentile import nearest_rank
 from preemptible._units import fmt_duration
 from preemptible.queue.core import PreemptKind
 from preemptible.sim.engine import JobHistory, SimResult
+from preemptible.sim.failures import FailureKind, GaveUp
 
 
-def _metrics(records: Sequence[JobHistory], available_gpu_s: float, hours: float) -> dict[str, Any]:
+def _metrics(
+    records: Sequence[JobHistory], available_gpu_s: float, hours: float, *, failures: bool
+) -> dict[str, Any]:
     waits = [r.wait_s for r in records]
-    jcts = [(r.end_s or 0.0) - r.trace.submit_s for r in records]
+    jcts = [(r.end_s or 0.0) - r.trace.submit_s for r in records if not _failed(r)]
     admitted = sum(r.admitted_gpu_s for r in records)
     lost = sum(r.lost_gpu_s for r in records)
+    failure_lost = sum(r.failures.lost_gpu_s for r in records if r.failures is not None)
     preemptions = sum(r.preemptions for r in records)
     by_kind = {kind: 0 for kind in get_args(PreemptKind)}
     lost_by_kind = {kind: 0.0 for kind in by_kind}
@@ -54,7 +66,7 @@ def _metrics(records: Sequence[JobHistory], available_gpu_s: float, hours: float
         "mean_jct_s": sum(jcts) / len(jcts) if jcts else 0.0,
         "p95_jct_s": nearest_rank(jcts, 0.95),
         "utilization": admitted / available_gpu_s if available_gpu_s else 0.0,
-        "goodput": (admitted - lost) / available_gpu_s if available_gpu_s else 0.0,
+        "goodput": (admitted - lost - failure_lost) / available_gpu_s if available_gpu_s else 0.0,
         "gpu_s_admitted": admitted,
         "preemptions": preemptions,
         "moves": sum(r.moves for r in records),
@@ -73,7 +85,36 @@ def _metrics(records: Sequence[JobHistory], available_gpu_s: float, hours: float
         out["lost_gpu_s_per_preemption"] = (
             (lost - resize_lost) / preemptions if preemptions else 0.0
         )
+    if failures:
+        out.update(_failure_metrics(records))
     return out
+
+
+def _failed(rec: JobHistory) -> bool:
+    """Whether the job failed for good (it never completed)."""
+    return rec.failures is not None and rec.failures.gave_up is not None
+
+
+def _failure_metrics(records: Sequence[JobHistory]) -> dict[str, Any]:
+    """What crashes and hangs cost (`JobFailures`)."""
+    kept = [r.failures for r in records if r.failures is not None]
+    lost_by_kind = dict.fromkeys(FailureKind, 0.0)
+    for f in kept:
+        for _, amount, kind in f.log:
+            lost_by_kind[kind] += amount
+    return {
+        "crashes": sum(f.crashes for f in kept),
+        "hangs": sum(f.hangs for f in kept),
+        "restarts": sum(f.restarts for f in kept),
+        "jobs_failed": sum(f.gave_up is not None for f in kept),
+        "crash_loops": sum(f.gave_up is GaveUp.CRASH_LOOP for f in kept),
+        "failure_lost_gpu_s": sum(f.lost_gpu_s for f in kept),
+        "crash_lost_gpu_s": lost_by_kind[FailureKind.CRASH],
+        "hang_lost_gpu_s": lost_by_kind[FailureKind.HANG],
+        "unfinished_gpu_s": sum(
+            r.trace.gpus * (r.trace.duration_s - r.saved_s) for r in records if _failed(r)
+        ),
+    }
 
 
 def summarize(result: SimResult) -> dict[str, Any]:
@@ -86,13 +127,18 @@ def summarize(result: SimResult) -> dict[str, Any]:
     by_queue: dict[str, list[JobHistory]] = {name: [] for name in result.weights}
     for rec in result.records:
         by_queue.setdefault(rec.trace.queue, []).append(rec)
-    queues = {name: _metrics(recs, available, hours) for name, recs in by_queue.items() if recs}
+    failures = result.models_failures
+    queues = {
+        name: _metrics(recs, available, hours, failures=failures)
+        for name, recs in by_queue.items()
+        if recs
+    }
     total_weight = sum(result.weights[n] for n in queues) or 1.0
     total_admitted = sum(m["gpu_s_admitted"] for m in queues.values()) or 1.0
     for name, m in queues.items():
         m["weight_share"] = result.weights[name] / total_weight
         m["gpu_share"] = m["gpu_s_admitted"] / total_admitted
-    overall = _metrics(result.records, available, hours)
+    overall = _metrics(result.records, available, hours, failures=failures)
     least = max(queues, key=lambda n: (queues[n]["max_wait_s"], n), default="")
     last_submit = max((r.trace.submit_s for r in result.records), default=result.start_s)
     window = max(last_submit - result.start_s, 1.0)
@@ -104,7 +150,10 @@ def summarize(result: SimResult) -> dict[str, Any]:
         for (start, end), g in zip(r.runs, r.run_gpus, strict=True)
     )
     lost_in_window = sum(
-        amount for r in result.records for at, amount, _ in r.lost_log if at <= last_submit
+        amount
+        for r in result.records
+        for at, amount, _ in (*r.lost_log, *(r.failures.log if r.failures else ()))
+        if at <= last_submit
     )
     overall.update(
         {
@@ -157,6 +206,18 @@ COMPARISON_COLUMNS = (
     Column("lost_gpu_s", "lost", "gpuh", False),
     Column("lost_gpu_s_per_preemption", "lost per preempt", "gpuh_small", False),
 )
+
+FAILURE_COLUMNS = (
+    Column("crashes", "crashes", "count", False),
+    Column("hangs", "hangs", "count", False),
+    Column("restarts", "restarts", "count", False),
+    Column("jobs_failed", "jobs failed", "count", False),
+    Column("crash_lost_gpu_s", "lost to crashes", "gpuh", False),
+    Column("hang_lost_gpu_s", "lost to hangs", "gpuh", False),
+    Column("unfinished_gpu_s", "work never done", "gpuh", False),
+)
+"""What crashes and hangs cost each policy, where the run models them (`--crash-rate`,
+`--hang-rate`): a table of its own in the terminal and the HTML report."""
 
 
 def duration_unit(seconds: list[float]) -> tuple[str, float]:

@@ -42,7 +42,8 @@ class Timeline:
     utilization: list[float]
     """Share of the cluster's GPUs held in each bin."""
     goodput: list[float]
-    """The same less the GPU-seconds lost to preemptions in the bin (charged at the notice)."""
+    """The same less the GPU-seconds lost to preemptions (charged at the notice) and to crashes
+    and hangs (charged when the job left) in the bin."""
     preemptions: list[int]
     """Preemptions in each bin, moves included."""
     waits_h: list[float]
@@ -54,12 +55,13 @@ def timeline(result: SimResult) -> Timeline:
     capacity = _bin_width_s(result) * result.gpus
     held = _total(result.timeline_gpu_s.values(), len(result.timeline_edges) - 1)
     lost = _total(result.timeline_lost_gpu_s.values(), len(held))
+    failed = _total(result.timeline_failure_lost_gpu_s.values(), len(held))
     preemptions = _total(result.timeline_preemptions.values(), len(held))
     return Timeline(
         policy=result.policy,
         hours=_bin_hours(result),
         utilization=[h / capacity for h in held],
-        goodput=[(h - x) / capacity for h, x in zip(held, lost, strict=True)],
+        goodput=[(h - x - f) / capacity for h, x, f in zip(held, lost, failed, strict=True)],
         preemptions=[round(p) for p in preemptions],
         waits_h=sorted(rec.wait_s / 3600.0 for rec in result.records),
     )
@@ -212,7 +214,8 @@ COMPARISON_CHARTS = {
     "waits": ComparisonChart(compare_waits_figure, "Fraction of all jobs that waited at most x."),
     "goodput": ComparisonChart(
         compare_goodput_figure,
-        "Utilisation and goodput over time (the gap is work lost to preemptions).",
+        "Utilisation and goodput over time (the gap is work lost to preemptions, and to "
+        "crashes and hangs where the run models them).",
     ),
     "preemptions": ComparisonChart(compare_preemptions_figure, "Preemptions so far, over time."),
 }

@@ -24,8 +24,9 @@ import time
 from typing import Any, NamedTuple
 
 from preemptible.queue.core import POLICIES, parse_config_text
-from preemptible.sim.engine import Simulator
+from preemptible.sim.engine import SimOptions, Simulator
 from preemptible.sim.evaluation.trace_goals import floored
+from preemptible.sim.failures import FailureRates
 from preemptible.sim.family import Knobs, workload
 from preemptible.sim.kpis import summarize
 from preemptible.sim.trace import TraceJob
@@ -87,12 +88,20 @@ def _workload(knobs: Knobs) -> tuple[list[TraceJob], str]:
     return workload(knobs)
 
 
-def replay(knobs: Knobs, policy: str, switches: dict[str, bool] | None = None) -> dict[str, Any]:
+def replay(
+    knobs: Knobs,
+    policy: str,
+    switches: dict[str, bool] | None = None,
+    failures: FailureRates | None = None,
+) -> dict[str, Any]:
     """One draw under one policy (ours with `switches` changed): the numbers the goals read.
 
     goodput is `goodput_while_arriving` (held minus lost GPU-seconds over those offered from
     the first to the last submission); delivered GPU-hours count lost work too, as
-    `lost_share_of_delivered` divides by.
+    `lost_share_of_delivered` divides by. With `failures`, jobs crash and hang as drawn
+    (the same jobs after the same GPU-hours of running under every policy): goodput is less
+    their loss too, lost GPU-hours (goal 4) stay preemptions' alone, and the failures'
+    counts and cost come with the numbers.
     """
     jobs, cfg = _workload(knobs)
     started = time.perf_counter()
@@ -100,9 +109,10 @@ def replay(knobs: Knobs, policy: str, switches: dict[str, bool] | None = None) -
     if policy == OURS and switches:
         changes: dict[str, Any] = dict(switches)
         rules = dataclasses.replace(rules, **changes)
-    o = summarize(Simulator(jobs, parse_config_text(cfg), rules).run())["overall"]
+    options = SimOptions(failures=failures or FailureRates())
+    o = summarize(Simulator(jobs, parse_config_text(cfg), rules, options).run())["overall"]
     submits = [j.submit_s for j in jobs]
-    return {
+    return _failure_numbers(o) | {
         "policy": policy,
         "goodput": o["goodput_while_arriving"],
         "p95_wait_s": o["p95_wait_s"],
@@ -117,6 +127,19 @@ def replay(knobs: Knobs, policy: str, switches: dict[str, bool] | None = None) -
         "preemptions": o["preemptions"],
         "jobs": o["jobs"],
         "wall_s": time.perf_counter() - started,
+    }
+
+
+def _failure_numbers(overall: dict[str, Any]) -> dict[str, Any]:
+    """What crashes and hangs cost a replay (nothing where it models none)."""
+    if "crashes" not in overall:
+        return {}
+    return {
+        "crashes": overall["crashes"],
+        "hangs": overall["hangs"],
+        "jobs_failed": overall["jobs_failed"],
+        "failure_lost_gpu_h": overall["failure_lost_gpu_s"] / 3600.0,
+        "unfinished_gpu_h": overall["unfinished_gpu_s"] / 3600.0,
     }
 
 

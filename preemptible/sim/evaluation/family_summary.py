@@ -1,5 +1,6 @@
-"""What the family's draws add up to: per-draw reports, goal counts, the worst draws, and the
-ceiling of choosing the best known policy per draw with hindsight.
+"""What the family's draws add up to: per-draw reports, goal counts, the worst draws, the
+ceiling of choosing the best known policy per draw with hindsight, and what crashes and hangs
+cost each policy.
 
 Every function reads the reports of `draw_report`, one per draw, as `benchmarks/policy_family.py`
 writes them to its `--json` file, so a saved run can be summed up again without a replay.
@@ -8,6 +9,7 @@ writes them to its `--json` file, so a saved run can be summed up again without 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from typing import Any
 
 from preemptible.sim.evaluation.family_goals import (
@@ -27,6 +29,8 @@ CLAUSES = {
     "lost": {"under_1pct": "< 1% of delivered", "vs_quota_peer": "<= half of kueue's"},
 }
 """The two bounds of goals 1 and 4, counted apart for ours."""
+FAILURE_KEYS = ("crashes", "hangs", "jobs_failed", "failure_lost_gpu_h", "unfinished_gpu_h")
+"""What `family_goals.replay` says of a run's crashes and hangs, summed over the draws."""
 
 
 def draw_report(name: str, knobs: Knobs, metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -126,3 +130,50 @@ def ceiling(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "met": met,
         "per_draw": per_draw,
     }
+
+
+def failure_summary(
+    draws: list[dict[str, Any]], without: list[dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Per policy, over the draws of a run with crashes and hangs: median goodput, the draws
+    meeting the goodput goal, on how many draws ours' goodput is higher (for a baseline), the
+    failures and what they cost. With `without`, the same draws run without failures (by
+    name): the median goodput there, ours higher there, and the median change per draw.
+
+    Raises:
+        ValueError: a draw of `draws` is missing from `without`.
+    """
+    earlier = {d["name"]: d for d in without or []}
+    missing = [d["name"] for d in draws if without is not None and d["name"] not in earlier]
+    if missing:
+        raise ValueError(f"the run without failures lacks the draws {', '.join(missing[:5])}")
+    out: dict[str, dict[str, Any]] = {}
+    for policy in (*BASELINES, OURS):
+        runs = [d["policies"][policy] for d in draws]
+        goodput = [r["goodput"] for r in runs]
+        row: dict[str, Any] = {
+            "median_goodput": statistics.median(goodput),
+            "goodput_goal_met": sum(d["goals_by_policy"][policy]["goodput"]["met"] for d in draws),
+            **{key: sum(r[key] for r in runs) for key in FAILURE_KEYS},
+            "failure_lost_share": sum(r["failure_lost_gpu_h"] for r in runs)
+            / max(sum(r["delivered_gpu_h"] for r in runs), 1e-9),
+        }
+        if policy != OURS:
+            row["ours_higher"] = _ours_higher(draws, policy)
+        if without is not None:
+            before = [earlier[d["name"]]["policies"][policy]["goodput"] for d in draws]
+            row["median_goodput_without"] = statistics.median(before)
+            row["median_change"] = statistics.median(
+                g - b for g, b in zip(goodput, before, strict=True)
+            )
+            if policy != OURS:
+                row["ours_higher_without"] = _ours_higher(
+                    [earlier[d["name"]] for d in draws], policy
+                )
+        out[policy] = row
+    return out
+
+
+def _ours_higher(draws: list[dict[str, Any]], policy: str) -> int:
+    """On how many draws ours' goodput is above `policy`'s."""
+    return sum(d["policies"][OURS]["goodput"] > d["policies"][policy]["goodput"] for d in draws)
