@@ -309,7 +309,8 @@ def submit(
         list[str] | None,
         typer.Option(
             help="Start after this job: ID or ID:ok (it succeeded), ID:any (it ended), "
-            "ID:started; repeatable. One that cannot happen any more cancels this job.",
+            "ID:started; repeatable; an array's id (a7) for each of its jobs. One that cannot "
+            "happen any more cancels this job.",
             show_default=False,
         ),
     ] = None,

@@ -257,7 +257,9 @@ _BODY = error_responses(400, 413)
 def submit(request: Request, body: SubmitBody, principal: Caller, manager: Manager) -> JobView:
     check_may_submit(principal, body.queue)
     for dependency in body.after:  # a job may wait only for jobs its submitter may see
-        check_job_access(manager, principal, dependency.split(":")[0])
+        named = dependency.split(":")[0]
+        members = manager.list_jobs(array=named, limit=1) if arrays.is_array_id(named) else []
+        check_job_access(manager, principal, members[0].id if members else named)
     job = manager.submit(body.to_view(), by=principal)
     if body.array is not None and job.array_id is not None:  # charged as a listing of its jobs
         charge_listing(request, principal, len(arrays.parse(body.array).indices))

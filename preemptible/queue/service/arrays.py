@@ -95,6 +95,11 @@ def compress(indices: list[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
+def is_array_id(name: str) -> bool:
+    """Whether `name` has an array's form ("a7")."""
+    return len(name) > 1 and name[0] == "a" and name[1:].isdigit()
+
+
 def array_id(first_seq: int) -> str:
     """The array's id, from the number of its first job ("a7" for j7..)."""
     return f"a{first_seq}"

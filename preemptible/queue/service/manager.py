@@ -335,7 +335,8 @@ class QueueManager:
         return record
 
     def _dependencies(self, req: SubmitRequest) -> list[str]:
-        """The jobs `req` waits for, as "ID:CONDITION", each checked to exist.
+        """The jobs `req` waits for, as "ID:CONDITION", each checked to exist; an array's id
+        ("a7") stands for each of its jobs.
 
         Raises:
             JobNotFoundError: a dependency names no job.
@@ -343,8 +344,9 @@ class QueueManager:
         found = []
         for given in req.after:
             job_id, condition = dependencies.parse(given)
-            self.book.get(job_id)
-            found.append(dependencies.spec(job_id, condition))
+            members = self.book.arrays.get(job_id)  # an array's id: each of its jobs
+            for one in members or [self.book.get(job_id).id]:
+                found.append(dependencies.spec(one, condition))
         return list(dict.fromkeys(found))
 
     def _check(self, req: SubmitRequest) -> None:

@@ -179,6 +179,21 @@ def test_hold_priority_and_cancel_act_on_one_index_and_the_backlog_survives_a_re
     until(m, lambda: m.get_job(jobs[1].id).state is JobState.COMPLETED)
 
 
+def test_a_job_after_an_array_waits_for_each_of_its_jobs(tmp_path):
+    m = manager(tmp_path / "state")
+    out, gate = tmp_path / "out", tmp_path / "gate"
+    out.mkdir()
+    gate.touch()
+    first = submit_array(m, "0-2", out, gate)
+    then = m.submit(SubmitRequest(queue="a", command=[PY, "-c", "pass"], after=[first.array_id]))
+    assert then.after == [f"{j.id}:ok" for j in members(m, first.array_id)]
+    until(m, lambda: len(list(out.iterdir())) == 3)
+    gate.unlink()
+    until(m, lambda: m.get_job(then.id).state is JobState.COMPLETED)
+    ended = max(m.jobs[j.id].finished_at or 0.0 for j in members(m, first.array_id))
+    assert (m.jobs[then.id].started_at or 0.0) >= ended, "it started once all had succeeded"
+
+
 # --- the command line ----------------------------------------------------------------------------
 
 
@@ -231,6 +246,8 @@ def test_the_command_line_submits_shows_and_acts_on_an_array(tmp_path, monkeypat
         assert cancelled.exit_code == 0, cancelled.output
         until(m, lambda: all(m.get_job(i).state.finished for i in ids))
         assert {m.get_job(i).state for i in ids} == {JobState.CANCELLED}
+        nowhere = cli("submit", "--queue", "a", "--after", "a999", "--", "true")
+        assert nowhere.exit_code == 2 and "no job 'a999'" in nowhere.stderr
         bad = cli("submit", "--queue", "a", "--array", "5-1", "--", "true")
         assert bad.exit_code == 2 and "goes down; write 1-5" in bad.stderr
         assert len(m.list_jobs()) == 10, "a refused array takes nothing"
