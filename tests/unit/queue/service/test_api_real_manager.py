@@ -11,6 +11,7 @@ second.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +29,11 @@ from preemptible.queue.service.views import SubmitRequest
 from .fake_manager import ADMIN_TOKEN, ENVIRON, InertExecutor, make_config
 
 _state = Path(tempfile.mkdtemp(prefix="schema-real-manager-"))
+# Rate limits are tested in test_limits.py; here they would only cut the cases short (429):
+# an array of a thousand jobs is charged as a listing of them.
+_unlimited = dataclasses.replace(make_config().service, rate_per_s=1e6, burst=1_000_000)
 _manager = QueueManager(
-    make_config(),
+    dataclasses.replace(make_config(), service=_unlimited),
     Store(_state),
     InertExecutor(),  # type: ignore[arg-type]
     state_dir=_state,
