@@ -2,6 +2,7 @@
 
     preemptible sim --trace FILE --config queue.toml [--policy NAME|all] [--json FILE] [--plot DIR]
         [--html FILE] [--crash-rate R] [--hang-rate R] [--failure-seed S]
+        [--node-topology ISLANDSxGPUS] [--placement topology|lowest] [--split-slowdown F]
     preemptible sim import SOURCE.csv OUT.csv [--config-out queue.toml]
     preemptible sim synth OUT.csv --jobs N --gpus G [--config-out queue.toml]
 
@@ -24,6 +25,7 @@ from preemptible.errors import PreemptibleError
 if TYPE_CHECKING:
     from preemptible.queue.core import QueueConfig
     from preemptible.sim.failures import FailureRates
+    from preemptible.sim.gpu_ids import NodeTopology
 
 app = typer.Typer(
     help="Replay a job trace through the scheduling policies in virtual time.",
@@ -84,6 +86,27 @@ def sim(
     failure_seed: Annotated[
         int, typer.Option(help="Seed of the crash and hang draws: same seed, same failures.")
     ] = 0,
+    node_topology: Annotated[
+        str | None,
+        typer.Option(
+            help="Each node's NVLink islands, ISLANDSxGPUS (2x4: two islands of 4 GPUs); must "
+            "make the config's gpus_per_node. Jobs then get GPU ids within their nodes."
+        ),
+    ] = None,
+    placement: Annotated[
+        str | None,
+        typer.Option(
+            help="With --node-topology: topology (one island when one fits, as the queue "
+            "manager places; the default) or lowest (the lowest free GPU ids)."
+        ),
+    ] = None,
+    split_slowdown: Annotated[
+        float,
+        typer.Option(
+            help="With --node-topology: a job whose GPUs on a node span islands runs 1+F "
+            "times slower (0: as fast)."
+        ),
+    ] = 0.0,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Replay TRACE under CONFIG with one policy or all, and report the four signals."""
@@ -101,6 +124,7 @@ def sim(
             checkpoint_cost=checkpoint_cost,
             cycle_interval=cycle_interval,
             failures=_failure_rates(crash_rate, hang_rate, failure_seed),
+            node_topology=_node_topology(node_topology, placement, split_slowdown),
             plot=plot,
             html=html,
             quiet=quiet,
@@ -128,6 +152,7 @@ def run_sim(
     checkpoint_cost: str = "60s",
     cycle_interval: str = "10s",
     failures: FailureRates | None = None,
+    node_topology: NodeTopology | None = None,
     plot: Path | None = None,
     html: Path | None = None,
     quiet: bool = True,
@@ -135,7 +160,9 @@ def run_sim(
     """Run the simulation(s) and return the `--json` report object.
 
     With `failures` that model any, the report says what was drawn under `failures` and every
-    policy's metrics say what the crashes and hangs cost (`preemptible.sim.kpis`).
+    policy's metrics say what the crashes and hangs cost (`preemptible.sim.kpis`). With a
+    `node_topology` that has islands, the report says it under `node_topology` and every
+    policy's metrics say how its jobs were placed over the islands.
 
     With `html`, also write the HTML report there; a path that cannot be written fails before
     any simulation runs.
@@ -144,6 +171,7 @@ def run_sim(
     from preemptible.queue.core import POLICIES, parse_config_text, parse_duration
     from preemptible.sim import SimOptions, Simulator, read_trace, summarize
     from preemptible.sim.failures import FailureRates
+    from preemptible.sim.gpu_ids import NodeTopology
     from preemptible.sim.importers import quota_shortfalls
 
     names = list(POLICIES) if policy == "all" else [policy]
@@ -165,6 +193,7 @@ def run_sim(
         default_checkpoint_s=parse_duration(checkpoint_cost, key="--checkpoint-cost"),
         cycle_interval_s=parse_duration(cycle_interval, key="--cycle-interval"),
         failures=failures or FailureRates(),
+        node_topology=node_topology or NodeTopology(),
     )
     report: dict[str, Any] = {
         "trace": str(trace),
@@ -180,6 +209,9 @@ def run_sim(
     }
     if options.failures.on:
         report["failures"] = failure_settings(options.failures, cfg)
+    if options.node_topology.on:
+        options.node_topology.check(cfg.cluster)  # before any simulation runs
+        report["node_topology"] = topology_settings(options.node_topology)
     with _progress(quiet) as bar:
         for name in names:
             task = bar.add_task(name, total=len(jobs)) if bar else None
@@ -211,6 +243,38 @@ def _failure_rates(crash_rate: float, hang_rate: float, seed: int) -> FailureRat
         )
     except PreemptibleError as exc:
         _fail(str(exc))
+
+
+def _node_topology(shape: str | None, placement: str | None, slowdown: float) -> NodeTopology:
+    """The islands and placement of the command line, checked."""
+    from preemptible.sim.gpu_ids import NodeTopology
+
+    try:
+        return NodeTopology.parse(shape, placement, slowdown)
+    except PreemptibleError as exc:
+        _fail(str(exc))
+
+
+def topology_settings(layout: NodeTopology) -> dict[str, Any]:
+    """The report's `node_topology`: the islands, the placement and the split's cost."""
+    return {
+        "shape": layout.shape,
+        "islands_per_node": layout.islands,
+        "gpus_per_island": layout.gpus_per_island,
+        "placement": layout.placement.value,
+        "split_slowdown": layout.split_slowdown,
+    }
+
+
+def topology_words(settings: dict[str, Any]) -> str:
+    """The islands of a run, in words (the `node_topology` of the report)."""
+    words = (
+        f"nodes of {settings['islands_per_node']} NVLink islands of "
+        f"{settings['gpus_per_island']} GPUs, placement {settings['placement']}"
+    )
+    if settings["split_slowdown"]:
+        words += f", a split job {1 + settings['split_slowdown']:g}x slower"
+    return words
 
 
 def failure_settings(rates: FailureRates, cfg: QueueConfig) -> dict[str, Any]:
@@ -283,6 +347,8 @@ def _print_tables(report: dict[str, Any]) -> None:
     )
     if "failures" in report:
         where += ", " + failure_words(report["failures"])
+    if "node_topology" in report:
+        where += ", " + topology_words(report["node_topology"])
     if len(policies) > 1:
         out.print(where)
         out.print(_summary(policies))
@@ -322,6 +388,8 @@ def _print_tables(report: dict[str, Any]) -> None:
     _print_lost_by_kind(out, policies)
     if "failures" in report:
         _print_failures(out, policies)
+    if "node_topology" in report:
+        _print_islands(out, policies, report["node_topology"])
 
 
 SUMMARY = (
@@ -384,6 +452,22 @@ def _print_failures(out: Any, policies: dict[str, Any]) -> None:
     for name, metrics in policies.items():
         costs.add_row(name, *(fmt(metrics["overall"][key]) for key, fmt in formats))
     out.print(costs)
+
+
+def _print_islands(out: Any, policies: dict[str, Any], settings: dict[str, Any]) -> None:
+    """How each policy's jobs were placed over the NVLink islands."""
+    from preemptible.sim.kpis import ISLAND_COLUMNS, column_format
+
+    placed = table(title=f"GPU placement within nodes ({topology_words(settings)})")
+    placed.add_column("policy")
+    formats = []
+    for column in ISLAND_COLUMNS:
+        label, fmt = column_format(column, [m["overall"][column.key] for m in policies.values()])
+        placed.add_column(label, justify="right")
+        formats.append((column.key, fmt))
+    for name, metrics in policies.items():
+        placed.add_row(name, *(fmt(metrics["overall"][key]) for key, fmt in formats))
+    out.print(placed)
 
 
 def _print_lost_by_kind(out: Any, policies: dict[str, Any]) -> None:

@@ -34,6 +34,11 @@ restarts it (the configuration's `[restarts]`), or has failed for good. Their lo
 apart from preemptions' (`JobFailures.lost_gpu_s`), charged when the job leaves. A hung job
 told to go before the hang is noticed cannot save either: its loss up to the notice is the
 hang's, the rest of its grace and its restore the notice's.
+
+With each node's NVLink islands (`SimOptions.node_topology`, `preemptible.sim.gpu_ids`) every
+run also holds GPU ids, picked, grown, shrunk and freed in step with the core's placement; a run
+whose ids span islands on some node progresses `1 + split_slowdown` times slower, and what it
+spends on that for the work it keeps is lost (`JobGpus.slowdown_lost_gpu_s`).
 """
 
 from __future__ import annotations
@@ -56,9 +61,11 @@ from preemptible.queue.core import (
     RunningJob,
     Tier,
 )
+from preemptible.queue.core.elastic import kept
 from preemptible.queue.core.negotiation import grace_seconds
 from preemptible.queue.scheduler_loop import Leaving, Shell
 from preemptible.sim.failures import FailureKind, FailureModel, FailureRates, JobFailures
+from preemptible.sim.gpu_ids import GpuIds, JobGpus, NodeTopology
 from preemptible.sim.trace import TraceJob
 
 _ARRIVE, _EXIT, _FINISH, _SHRUNK = 0, 1, 2, 3
@@ -86,6 +93,9 @@ class SimOptions:
     """Resolution of the per-queue utilisation timeline (for plots)."""
     failures: FailureRates = field(default_factory=FailureRates)
     """How often jobs crash and hang (never, by default)."""
+    node_topology: NodeTopology = field(default_factory=NodeTopology)
+    """Each node's NVLink islands and how jobs get GPU ids in them (none, by default: placement
+    by count only)."""
 
 
 @dataclass(slots=True)
@@ -116,6 +126,9 @@ class JobHistory:
     last_preempted_at: float | None = None
     run_rate: float = 1.0
     """Progress per second of this run: its GPUs over the GPUs it asks for."""
+    run_slowdown: float = 1.0
+    """How many times slower this run progresses for its placement: `1 + split_slowdown`
+    when its GPUs span islands on some node (`preemptible.sim.gpu_ids`), else 1."""
     run_gpus: list[int] = field(default_factory=list)
     """GPUs held in each of `runs` (a resize splits a run)."""
     hold_gpus: int = 0
@@ -133,6 +146,8 @@ class JobHistory:
     """(GPUs, placement) of a shrink sent and not yet saved."""
     failures: JobFailures | None = None
     """Its crashes and hangs (None: the run models none)."""
+    gpu_ids: JobGpus | None = None
+    """The GPU ids it holds and how its runs were placed (None: the run models no ids)."""
 
 
 @dataclass(slots=True)
@@ -158,6 +173,9 @@ class SimResult:
     """GPU-seconds lost to crashes and hangs per queue and bin, charged when the job left."""
     models_failures: bool = False
     """Whether jobs could crash and hang in this run (`SimOptions.failures`)."""
+    island_fragmentation: float | None = None
+    """Share of idle GPU-seconds in partly used NVLink islands (None: no islands modelled,
+    `SimOptions.node_topology`)."""
 
 
 class Simulator:
@@ -214,6 +232,10 @@ class Simulator:
         self.failure_model = (
             FailureModel(options.failures, config.restarts) if options.failures.on else None
         )
+        if options.node_topology.on:
+            options.node_topology.check(config.cluster)
+        self.gpu_ids: GpuIds | None = None
+        """Free GPU ids per node, when islands are modelled (made at the trace's start)."""
 
     # --- event plumbing ----------------------------------------------------------------------
 
@@ -229,6 +251,10 @@ class Simulator:
             self._push(tj.submit_s, _ARRIVE, tj.job_id)
         start = min((tj.submit_s for tj in self.jobs), default=0.0)
         self.tracker.advance(start)
+        layout = self.options.node_topology
+        if layout.on:
+            nodes = self.config.cluster.nodes or 0
+            self.gpu_ids = GpuIds(nodes, layout, start_s=start)
         total = len(self.jobs)
         done = cycles = 0
         frag_sum = 0.0
@@ -263,6 +289,7 @@ class Simulator:
                 continue
             last_cycle = now
             cycles += 1
+            self._rank_victims()
             # A job within its nominal quota may be owed capacity that this very cycle gave to
             # a borrower: run again at once so that it can reclaim (the nominal guarantee).
             results = self.shell.cycles(now, self)
@@ -286,6 +313,7 @@ class Simulator:
             cycles=cycles,
             fragmentation_mean=frag_sum / cycles if cycles else 0.0,
             models_failures=self.failure_model is not None,
+            island_fragmentation=None if self.gpu_ids is None else self.gpu_ids.fragmentation(end),
         )
         _timeline(outcome, self.options.timeline_bins)
         return outcome
@@ -331,6 +359,8 @@ class Simulator:
         rec = self.records[job_id]
         if self.failure_model is not None:
             rec.failures = self.failure_model.new_job(job_id)
+        if self.gpu_ids is not None:
+            rec.gpu_ids = JobGpus()
         rec.pending_since = now
         self.state.submit(self._core_job(rec))
 
@@ -339,6 +369,7 @@ class Simulator:
         if token != rec.run_token or rec.end_s is not None or job_id not in self.state.running:
             return False
         self._release(rec, now)
+        self._keep_work(rec, now, rec.trace.duration_s)
         rec.saved_s = rec.trace.duration_s
         rec.end_s = now
         return True
@@ -357,11 +388,15 @@ class Simulator:
         self.shell.release(rec.trace.job_id, now)
         rec.shrink_to = None
         self._hold(rec, now, 0)
+        if self.gpu_ids is not None and rec.gpu_ids is not None:
+            self.gpu_ids.release(rec.gpu_ids, now)
 
     def _hold(self, rec: JobHistory, now: float, gpus: int) -> None:
         """From `now` the job holds `gpus` GPUs: close the part of its run held so far."""
         start = rec.runs_open_s
         rec.admitted_gpu_s += rec.hold_gpus * (now - start)
+        if rec.gpu_ids is not None and rec.gpu_ids.split:
+            rec.gpu_ids.split_gpu_s += rec.hold_gpus * (now - start)
         rec.runs.append((start, now))
         rec.run_gpus.append(rec.hold_gpus)
         rec.runs_open_s = now
@@ -382,6 +417,9 @@ class Simulator:
         rec.run_restore_s = job.restore_s
         rec.hold_gpus = running.size
         rec.run_rate = running.size / job.request.gpus if job.request.gpus else 1.0
+        if self.gpu_ids is not None and rec.gpu_ids is not None:
+            self.gpu_ids.place(rec.gpu_ids, running.placement, now)
+            rec.run_slowdown = self._slowdown(rec.gpu_ids.split)
         rec.run_token += 1
         self._push(self._finish_at(rec), _FINISH, job.id, rec.run_token)
         if rec.failures is not None:
@@ -393,12 +431,16 @@ class Simulator:
         if _hung_at(rec) is not None:
             return float("inf")
         remaining = rec.trace.duration_s - rec.saved_s
+        if rec.run_slowdown != 1.0:
+            remaining *= rec.run_slowdown
         if rec.run_rate != 1.0:
             remaining /= rec.run_rate
         return rec.run_start_s + rec.run_restore_s + remaining
 
     def _progress_at(self, rec: JobHistory, t: float) -> float:
         worked = max(0.0, t - rec.run_start_s - rec.run_restore_s)
+        if rec.run_slowdown != 1.0:
+            worked /= rec.run_slowdown
         return rec.saved_s + (worked if rec.run_rate == 1.0 else rec.run_rate * worked)
 
     def _checkpointed_at(self, rec: JobHistory, t: float) -> tuple[float, float]:
@@ -413,6 +455,8 @@ class Simulator:
         worked = max(0.0, t - rec.run_start_s - rec.run_restore_s)
         k = int(worked // interval) if interval else 0
         done = k * interval if rec.run_rate == 1.0 else rec.run_rate * k * interval
+        if rec.run_slowdown != 1.0:
+            done /= rec.run_slowdown
         progress = min(rec.saved_s + done, rec.trace.duration_s)
         return progress, rec.run_start_s + rec.run_restore_s + k * interval
 
@@ -446,6 +490,7 @@ class Simulator:
         rec.last_preempted_at = now
         rec.lost_gpu_s += lost
         rec.lost_log.append((now, lost, notice.kind))
+        self._keep_work(rec, now, new_saved)
         rec.saved_s = new_saved
         rec.run_token += 1
         self._push(exit_at, _EXIT, job.id, rec.run_token)
@@ -495,6 +540,7 @@ class Simulator:
             unsaved -= self._end_hang(rec, now, running.size)
         if resize.kind == "grow":
             self._hold(rec, now, resize.gpus)  # the shell gave it the GPUs at once
+            self._resize_ids(rec, now)
         if finish_at <= restart_at:
             return  # it completes first: its finish stands, nothing is lost
         restore = save if new_saved > 0 else 0.0
@@ -507,10 +553,12 @@ class Simulator:
             rec.grows += 1
         else:
             rec.shrinks += 1
+        self._keep_work(rec, now, new_saved)
         rec.saved_s = new_saved
         rec.run_start_s = restart_at
         rec.run_restore_s = restore
         rec.run_rate = resize.gpus / job.request.gpus
+        rec.run_slowdown = self._slowdown_after(rec, resize, running)
         rec.run_token += 1
         self._push(self._finish_at(rec), _FINISH, job.id, rec.run_token)
         if resize.kind == "shrink":
@@ -533,7 +581,59 @@ class Simulator:
         rec.shrink_to = None
         self.shell.shrunk(job_id, gpus, now, placement or None)
         self._hold(rec, now, gpus)
+        self._resize_ids(rec, now)
         rec.last_resized_at = now  # as the core's state has it: a shrink from its restart
+
+    # --- GPU ids and islands (`preemptible.sim.gpu_ids`) -------------------------------------
+
+    def _slowdown(self, split: bool) -> float:
+        """How many times slower a run progresses, split over islands or not."""
+        factor = self.options.node_topology.split_slowdown
+        return 1.0 + factor if split and factor else 1.0
+
+    def _resize_ids(self, rec: JobHistory, now: float) -> None:
+        """Its ids follow the placement the core's state now gives it (a grow sent, a shrink
+        saved; none when it was told to go meanwhile)."""
+        if self.gpu_ids is None or rec.gpu_ids is None:
+            return
+        placement = self.state.running[rec.trace.job_id].placement
+        self.gpu_ids.resize(rec.gpu_ids, placement, now)
+
+    def _slowdown_after(self, rec: JobHistory, resize: Resize, running: RunningJob) -> float:
+        """The restart's slowdown: on the ids a grow took at its notice, or on those a shrink
+        will keep (it holds all until it has saved)."""
+        if self.gpu_ids is None or rec.gpu_ids is None:
+            return 1.0
+        if resize.kind == "grow":
+            return self._slowdown(rec.gpu_ids.split)
+        after = resize.placement or kept(running, resize.gpus)
+        return self._slowdown(self.gpu_ids.kept_split(rec.gpu_ids, after))
+
+    def _keep_work(self, rec: JobHistory, now: float, saved_s: float) -> None:
+        """Progress up to `saved_s` is kept: what a split run spent beyond it on its slowdown
+        is lost (its GPUs x the work x the slowdown less 1: work is measured at full size)."""
+        if rec.run_slowdown == 1.0 or rec.gpu_ids is None:
+            return
+        lost = rec.trace.gpus * max(0.0, saved_s - rec.saved_s) * (rec.run_slowdown - 1.0)
+        rec.gpu_ids.slowdown_lost_gpu_s += lost
+        rec.gpu_ids.slowdown_log.append((now, lost))
+
+    def _rank_victims(self) -> None:
+        """Before a cycle, as the queue manager does: among victims that lose as much, one whose
+        going frees a whole island goes first (`ClusterState.victim_rank`). Only jobs on nodes
+        whose free ids changed are ranked again; with the lowest ids nothing is ranked."""
+        ids = self.gpu_ids
+        if ids is None or not ids.dirty or not ids.placer.known:
+            return
+        ranks = self.state.victim_rank
+        for node in ids.dirty:
+            for job_id in self.state.node_jobs[node]:
+                held = self.records[job_id].gpu_ids
+                if held is not None:
+                    ranks[job_id] = 0 if ids.frees_an_island(held) else 1
+        for job_id in [j for j in ranks if j not in self.state.running]:
+            del ranks[job_id]
+        ids.dirty.clear()
 
     # --- crashes and hangs (`preemptible.sim.failures`) ---------------------------------------
 
@@ -587,6 +687,7 @@ class Simulator:
         failures.hung_at = None
         rec.run_token += 1
         self._release(rec, now)
+        self._keep_work(rec, now, new_saved)
         rec.saved_s = new_saved
         limit = self.config.restart_limit(rec.trace.queue)
         verdict = model.verdict(failures, limit, progressed=new_saved > failures.attempt_saved_s)

@@ -28,7 +28,13 @@ from preemptible._files import replace_atomically
 from preemptible._units import fmt_duration
 from preemptible._version import __version__
 from preemptible.sim.engine import SimResult
-from preemptible.sim.kpis import COMPARISON_COLUMNS, FAILURE_COLUMNS, Column, format_metric
+from preemptible.sim.kpis import (
+    COMPARISON_COLUMNS,
+    FAILURE_COLUMNS,
+    ISLAND_COLUMNS,
+    Column,
+    format_metric,
+)
 from preemptible.sim.plots import COMPARISON_CHARTS, RUN_CHARTS, Timeline, png_bytes, timeline
 
 QUEUE_COLUMNS = (
@@ -54,6 +60,11 @@ QUEUE_FAILURE_COLUMNS = (
     Column("failure_lost_gpu_s", "lost to failures GPU-h", "gpuh", False),
 )
 """Columns added to the per-queue tables where the run models crashes and hangs."""
+QUEUE_ISLAND_COLUMNS = (
+    Column("jobs_split", "jobs split", "count", False),
+    Column("split_gpu_s", "held split GPU-h", "gpuh", False),
+)
+"""Columns added to the per-queue tables where the run models NVLink islands."""
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px;
@@ -138,6 +149,7 @@ def render(report: Mapping[str, Any], charts: HtmlReport, *, generated_at: datet
         '<section id="comparison"><h2>Policies compared</h2>',
         _comparison_table(policies),
         _failure_table(policies) if "failures" in report else "",
+        _island_table(policies) if "node_topology" in report else "",
         *(_figure(chart) for chart in charts.comparison()),
         "</section>",
         *(_policy_section(name, m, charts.runs.get(name, [])) for name, m in policies.items()),
@@ -195,6 +207,7 @@ def _header(report: Mapping[str, Any], generated_at: datetime) -> str:
         ("checkpoint cost", _duration_or_dash(report.get("default_checkpoint_s"))),
         ("cycle interval", _duration_or_dash(report.get("cycle_interval_s"))),
         *_failure_rows(report.get("failures")),
+        *_island_rows(report.get("node_topology")),
         ("generated", generated_at.strftime("%Y-%m-%d %H:%M:%S %Z").strip()),
         ("preemptible", __version__),
     ]
@@ -223,6 +236,7 @@ def _notes(report: Mapping[str, Any]) -> str:
         "<li>Moves (a job sent to another node so that a blocked gang gets a node block) count "
         "as preemptions.</li>"
         f"{_FAILURE_NOTE if 'failures' in report else ''}"
+        f"{_ISLAND_NOTE if 'node_topology' in report else ''}"
         "<li>Per-queue utilisation and goodput are shares of the whole cluster, so they add up "
         "to the overall figures.</li>"
         "<li>In the comparison, the best value of each column is in bold (ties at the printed "
@@ -238,6 +252,50 @@ _FAILURE_NOTE = (
     "from the checkpoint after a back-off, up to max_restarts. Goodput subtracts their loss "
     "too; the lost columns of the comparison are preemptions' alone.</li>"
 )
+
+
+_ISLAND_NOTE = (
+    "<li>Each node's GPUs are in the NVLink islands of the header; a job gets GPU ids on each "
+    "of its nodes by the placement there (topology: one island when one fits, as the queue "
+    "manager places; lowest: the lowest free ids). A job is split when its GPUs on some node "
+    "span islands, needlessly when they span more than their number needs; a split run "
+    "progresses the slowdown times slower. Idle in partly used islands: the share of idle "
+    "GPU-hours on GPUs whose island was partly in use.</li>"
+)
+
+
+def _island_rows(settings: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """The header's lines on NVLink islands (none where the run models none)."""
+    if settings is None:
+        return []
+    return [
+        (
+            "node topology",
+            f"{settings['islands_per_node']} NVLink islands of {settings['gpus_per_island']} "
+            "GPUs per node",
+        ),
+        ("placement", str(settings["placement"])),
+        ("split slowdown", _slowdown_words(settings["split_slowdown"])),
+    ]
+
+
+def _slowdown_words(factor: float) -> str:
+    return f"a split job runs {1 + factor:g}x slower" if factor else "none"
+
+
+def _island_table(policies: Mapping[str, Any]) -> str:
+    """How each policy's jobs were placed over the islands (`ISLAND_COLUMNS`)."""
+    head = "".join(f"<th>{escape(c.heading)}</th>" for c in ISLAND_COLUMNS)
+    rows = [
+        f"<tr><th>{escape(name)}</th>"
+        + "".join(_td(m["overall"][c.key], c.kind) for c in ISLAND_COLUMNS)
+        + "</tr>"
+        for name, m in policies.items()
+    ]
+    return (
+        '<h3>GPU placement within nodes</h3><table class="islands"><thead><tr><th>policy</th>'
+        f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def _failure_rows(failures: Mapping[str, Any] | None) -> list[tuple[str, str]]:
@@ -335,6 +393,7 @@ def _policy_section(name: str, metrics: Mapping[str, Any], charts: Sequence[Char
 def _queue_table(queues: Mapping[str, Mapping[str, float]]) -> str:
     first = next(iter(queues.values()), {})
     columns = QUEUE_COLUMNS + (QUEUE_FAILURE_COLUMNS if "crashes" in first else ())
+    columns += QUEUE_ISLAND_COLUMNS if "jobs_split" in first else ()
     head = "".join(f"<th>{escape(c.label)}</th>" for c in columns)
     rows = [
         f"<tr><th>{escape(q)}</th>{''.join(_td(m[c.key], c.kind) for c in columns)}</tr>"

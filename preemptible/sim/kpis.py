@@ -23,6 +23,15 @@ did) say what they cost. Goodput subtracts their loss as it does preemptions'; `
 and everything per preemption stay preemptions' alone, and a failed job has no completion
 time (it is left out of the JCTs). Without failures these keys are absent.
 
+With NVLink islands modelled (`SimOptions.node_topology`), `jobs_split` counts the jobs that
+ran at least once on GPUs spanning islands on some node (`jobs_split_share`: of the jobs of more
+than one GPU), `jobs_split_needlessly` those that spanned more islands on some node than their
+GPUs there need, `split_gpu_s` the GPU-seconds held while split, and `slowdown_lost_gpu_s` what
+split runs spent on their slowdown for the work they kept (`--split-slowdown`; goodput subtracts
+it, as it does preemptions' loss, since that time did no work); overall,
+`island_fragmentation` is the share of idle GPU-seconds that sat in partly used islands
+(`preemptible.sim.gpu_ids`). Without islands these keys are absent.
+
 Per-queue utilisation and goodput are shares of the whole cluster, so they add up to overall.
 `demand_ratio` (GPU-seconds of work submitted / GPU-seconds available while jobs were arriving)
 says whether demand exceeded supply, which is where the goodput goal applies; for that goal
@@ -43,13 +52,19 @@ from preemptible.sim.failures import FailureKind, GaveUp
 
 
 def _metrics(
-    records: Sequence[JobHistory], available_gpu_s: float, hours: float, *, failures: bool
+    records: Sequence[JobHistory],
+    available_gpu_s: float,
+    hours: float,
+    *,
+    failures: bool,
+    islands: bool = False,
 ) -> dict[str, Any]:
     waits = [r.wait_s for r in records]
     jcts = [(r.end_s or 0.0) - r.trace.submit_s for r in records if not _failed(r)]
     admitted = sum(r.admitted_gpu_s for r in records)
     lost = sum(r.lost_gpu_s for r in records)
     failure_lost = sum(r.failures.lost_gpu_s for r in records if r.failures is not None)
+    slowdown_lost = sum(r.gpu_ids.slowdown_lost_gpu_s for r in records if r.gpu_ids is not None)
     preemptions = sum(r.preemptions for r in records)
     by_kind = {kind: 0 for kind in get_args(PreemptKind)}
     lost_by_kind = {kind: 0.0 for kind in by_kind}
@@ -66,7 +81,11 @@ def _metrics(
         "mean_jct_s": sum(jcts) / len(jcts) if jcts else 0.0,
         "p95_jct_s": nearest_rank(jcts, 0.95),
         "utilization": admitted / available_gpu_s if available_gpu_s else 0.0,
-        "goodput": (admitted - lost - failure_lost) / available_gpu_s if available_gpu_s else 0.0,
+        "goodput": (
+            (admitted - lost - failure_lost - slowdown_lost) / available_gpu_s
+            if available_gpu_s
+            else 0.0
+        ),
         "gpu_s_admitted": admitted,
         "preemptions": preemptions,
         "moves": sum(r.moves for r in records),
@@ -87,7 +106,23 @@ def _metrics(
         )
     if failures:
         out.update(_failure_metrics(records))
+    if islands:
+        out.update(_split_metrics(records))
     return out
+
+
+def _split_metrics(records: Sequence[JobHistory]) -> dict[str, Any]:
+    """How jobs were placed over NVLink islands (`JobGpus`)."""
+    placed = [r.gpu_ids for r in records if r.gpu_ids is not None]
+    multi = sum(r.trace.gpus > 1 for r in records)
+    split = sum(p.split_placements > 0 for p in placed)
+    return {
+        "jobs_split": split,
+        "jobs_split_share": split / multi if multi else 0.0,
+        "jobs_split_needlessly": sum(p.needless_placements > 0 for p in placed),
+        "split_gpu_s": sum(p.split_gpu_s for p in placed),
+        "slowdown_lost_gpu_s": sum(p.slowdown_lost_gpu_s for p in placed),
+    }
 
 
 def _failed(rec: JobHistory) -> bool:
@@ -128,8 +163,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
     for rec in result.records:
         by_queue.setdefault(rec.trace.queue, []).append(rec)
     failures = result.models_failures
+    islands = result.island_fragmentation is not None
     queues = {
-        name: _metrics(recs, available, hours, failures=failures)
+        name: _metrics(recs, available, hours, failures=failures, islands=islands)
         for name, recs in by_queue.items()
         if recs
     }
@@ -138,7 +174,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
     for name, m in queues.items():
         m["weight_share"] = result.weights[name] / total_weight
         m["gpu_share"] = m["gpu_s_admitted"] / total_admitted
-    overall = _metrics(result.records, available, hours, failures=failures)
+    overall = _metrics(result.records, available, hours, failures=failures, islands=islands)
+    if result.island_fragmentation is not None:
+        overall["island_fragmentation"] = result.island_fragmentation
     least = max(queues, key=lambda n: (queues[n]["max_wait_s"], n), default="")
     last_submit = max((r.trace.submit_s for r in result.records), default=result.start_s)
     window = max(last_submit - result.start_s, 1.0)
@@ -153,6 +191,11 @@ def summarize(result: SimResult) -> dict[str, Any]:
         amount
         for r in result.records
         for at, amount, _ in (*r.lost_log, *(r.failures.log if r.failures else ()))
+        if at <= last_submit
+    ) + sum(
+        amount
+        for r in result.records
+        for at, amount in (r.gpu_ids.slowdown_log if r.gpu_ids else ())
         if at <= last_submit
     )
     overall.update(
@@ -218,6 +261,17 @@ FAILURE_COLUMNS = (
 )
 """What crashes and hangs cost each policy, where the run models them (`--crash-rate`,
 `--hang-rate`): a table of its own in the terminal and the HTML report."""
+
+ISLAND_COLUMNS = (
+    Column("jobs_split", "jobs split", "count", False),
+    Column("jobs_split_share", "of multi-GPU jobs", "pct", False),
+    Column("jobs_split_needlessly", "split needlessly", "count", False),
+    Column("split_gpu_s", "held split", "gpuh", False),
+    Column("slowdown_lost_gpu_s", "lost to slowdown", "gpuh", False),
+    Column("island_fragmentation", "idle in partly used islands", "pct", False),
+)
+"""How each policy's jobs were placed over NVLink islands, where the run models them
+(`--node-topology`): a table of its own in the terminal and the HTML report."""
 
 
 def duration_unit(seconds: list[float]) -> tuple[str, float]:
