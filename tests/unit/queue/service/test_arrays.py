@@ -14,15 +14,14 @@ from typer.testing import CliRunner
 
 from preemptible.cli.queue import app as cli_app
 from preemptible.errors import JobSpecError, JobStateError
-from preemptible.queue.core import parse_config
 from preemptible.queue.service import arrays
 from preemptible.queue.service.app import create_app
 from preemptible.queue.service.auth import resolve_tokens
 from preemptible.queue.service.manager import QueueManager
-from preemptible.queue.service.server import build_manager
 from preemptible.queue.service.views import JobState, SubmitRequest
 from tests.unit.queue.service.fake_manager import live_server
-from tests.unit.queue.service.test_manager import kill_every_job, until
+from tests.unit.queue.service.real_managers import no_job_outlives_its_test, real_manager, retire  # noqa: F401 (a fixture)
+from tests.unit.queue.service.test_manager import until
 
 PY = sys.executable
 TOKEN = "team-a-" + "7" * 32
@@ -37,8 +36,6 @@ WORKER = (
     "    time.sleep(0.02)\n"
 )
 
-_MANAGERS: list[QueueManager] = []
-
 
 def manager(state: Path) -> QueueManager:
     config = {
@@ -47,16 +44,7 @@ def manager(state: Path) -> QueueManager:
         "restarts": {"backoff": "0.2s", "backoff_max": "1s"},
         "queues": [{"name": "a", "nominal": {"gpus": 4}, "token": "env:TEAM_A_TOKEN"}],
     }
-    m = build_manager(parse_config(config), state, url="http://127.0.0.1:9")
-    _MANAGERS.append(m)
-    return m
-
-
-@pytest.fixture(autouse=True)
-def no_job_outlives_its_test():
-    yield
-    while _MANAGERS:
-        kill_every_job(_MANAGERS.pop())
+    return real_manager(config, state)
 
 
 def submit_array(m: QueueManager, spec: str, out: Path, gate: Path, **fields: Any):
@@ -160,9 +148,7 @@ def test_hold_priority_and_cancel_act_on_one_index_and_the_backlog_survives_a_re
     assert m.get_job(jobs[3].id).tier == "high"
     with pytest.raises(JobStateError, match="only a pending job's tier"):
         m.set_tier(jobs[0].id, "low")
-    kill_every_job(m)
-    m.store.close()
-    _MANAGERS.remove(m)
+    retire(m)
     m = manager(state)  # index 0 was killed with the old manager; the rest wait as before
     assert m.runs.array_backlog[first.array_id] >= {jobs[2].id, jobs[3].id}
     assert m.get_job(jobs[1].id).held and m.get_job(jobs[3].id).tier == "high"

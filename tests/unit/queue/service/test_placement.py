@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from preemptible.queue.core import parse_config
 from preemptible.queue.service.manager import QueueManager
-from preemptible.queue.service.server import build_manager
 from preemptible.queue.service.views import JobState, SubmitRequest
-from tests.unit.queue.service.test_manager import kill_every_job, until
+from tests.unit.queue.service.real_managers import no_job_outlives_its_test, real_manager  # noqa: F401 (a fixture)
+from tests.unit.queue.service.test_manager import until
 
 PY = sys.executable
 # Writes the GPUs it was given, then waits until the test removes the gate.
@@ -23,24 +22,13 @@ HOLDER = (
     "    time.sleep(0.02)\n"
 )
 
-_MANAGERS: list[QueueManager] = []
-
 
 def manager(state: Path, topology: dict | None) -> QueueManager:
     cluster: dict = {"gpus": 8}
     if topology is not None:
         cluster["topology"] = topology
     config = {"cluster": cluster, "queues": [{"name": "a", "nominal": {"gpus": 8}}]}
-    m = build_manager(parse_config(config), state, url="http://127.0.0.1:9")
-    _MANAGERS.append(m)
-    return m
-
-
-@pytest.fixture(autouse=True)
-def no_job_outlives_its_test():
-    yield
-    while _MANAGERS:
-        kill_every_job(_MANAGERS.pop())
+    return real_manager(config, state)
 
 
 @pytest.mark.parametrize(

@@ -19,13 +19,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from preemptible.errors import ConfigError, JobNotFoundError, JobSpecError, JobStateError
-from preemptible.queue.core import RestartSettings, parse_config, parse_config_text
+from preemptible.queue.core import RestartSettings, parse_config_text
 from preemptible.queue.service.manager import QueueManager
 from preemptible.queue.service.metrics import ManagerCollector
 from preemptible.queue.service.runs import output_tail
-from preemptible.queue.service.server import build_manager
 from preemptible.queue.service.views import JobState, SubmitRequest
-from tests.unit.queue.service.test_manager import kill_every_job, until
+from tests.unit.queue.service.real_managers import no_job_outlives_its_test, real_manager  # noqa: F401 (a fixture)
+from tests.unit.queue.service.test_manager import until
 
 PY = sys.executable
 RESTARTS = {"backoff": "0.2s", "backoff_max": "1s", "hang_min": "1s"}
@@ -46,8 +46,6 @@ STUBBORN = (
     "time.sleep(60)\n"
 )
 
-_MANAGERS: list[QueueManager] = []
-
 
 def manager(state: Path, **restarts: Any) -> QueueManager:
     config = {
@@ -56,16 +54,7 @@ def manager(state: Path, **restarts: Any) -> QueueManager:
         "restarts": {**RESTARTS, **restarts},
         "queues": [{"name": "a", "nominal": {"gpus": 2}}],
     }
-    m = build_manager(parse_config(config), state, url="http://127.0.0.1:9")
-    _MANAGERS.append(m)
-    return m
-
-
-@pytest.fixture(autouse=True)
-def no_job_outlives_its_test():
-    yield
-    while _MANAGERS:
-        kill_every_job(_MANAGERS.pop())
+    return real_manager(config, state)
 
 
 def submit(m: QueueManager, code: str, **fields: Any):
