@@ -181,7 +181,8 @@ class JobRuns:
         """Tell an elastic job to save and restart on `resize.gpus` GPUs (`ResizingRuns`).
 
         A grow takes its new GPUs now (the core counts them held from the notice on); a shrink
-        keeps the first of its GPUs and gives up the others once it has exited."""
+        keeps those in its fullest island (`Topology.keep`) and gives up the others once it has
+        exited."""
         record = self.book.jobs[resize.job_id]
         if resize.kind == "grow":
             more = max(0, resize.gpus - len(record.gpu_ids))
