@@ -23,9 +23,14 @@ from preemptible.cli._common import OnceCommand, OnceGroup, console, echo, table
 from preemptible.errors import PreemptibleError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from rich.table import Table
+
     from preemptible.queue.core import QueueConfig
     from preemptible.sim.failures import FailureRates
     from preemptible.sim.gpu_ids import NodeTopology
+    from preemptible.sim.kpis import Column
 
 app = typer.Typer(
     help="Replay a job trace through the scheduling policies in virtual time.",
@@ -333,7 +338,7 @@ def _progress(quiet: bool) -> Any:
 
 
 def _print_tables(report: dict[str, Any]) -> None:
-    from preemptible.sim.kpis import COMPARISON_COLUMNS, column_format, duration_unit, in_unit
+    from preemptible.sim.kpis import COMPARISON_COLUMNS, duration_unit, in_unit
 
     out = console()
     if not out.is_terminal:
@@ -352,16 +357,8 @@ def _print_tables(report: dict[str, Any]) -> None:
     if len(policies) > 1:
         out.print(where)
         out.print(_summary(policies))
-    overall = table(title=where if len(policies) == 1 else "every signal, per policy")
-    overall.add_column("policy")
-    formats = []
-    for column in COMPARISON_COLUMNS:
-        label, fmt = column_format(column, [m["overall"][column.key] for m in policies.values()])
-        overall.add_column(label, justify="right")
-        formats.append((column.key, fmt))
-    for name, metrics in policies.items():
-        overall.add_row(name, *(fmt(metrics["overall"][key]) for key, fmt in formats))
-    out.print(overall)
+    title = where if len(policies) == 1 else "every signal, per policy"
+    out.print(_policy_table(title, COMPARISON_COLUMNS, policies))
     queues = list(first["queues"])
     waits = [
         m["queues"][q][key]
@@ -438,36 +435,34 @@ def failure_words(failures: dict[str, Any]) -> str:
 
 def _print_failures(out: Any, policies: dict[str, Any]) -> None:
     """What crashes and hangs cost each policy."""
-    from preemptible.sim.kpis import FAILURE_COLUMNS, column_format
+    from preemptible.sim.kpis import FAILURE_COLUMNS
 
-    costs = table(
-        title="crashes and hangs, per policy (their loss counted apart from preemptions')"
-    )
-    costs.add_column("policy")
-    formats = []
-    for column in FAILURE_COLUMNS:
-        label, fmt = column_format(column, [m["overall"][column.key] for m in policies.values()])
-        costs.add_column(label, justify="right")
-        formats.append((column.key, fmt))
-    for name, metrics in policies.items():
-        costs.add_row(name, *(fmt(metrics["overall"][key]) for key, fmt in formats))
-    out.print(costs)
+    title = "crashes and hangs, per policy (their loss counted apart from preemptions')"
+    out.print(_policy_table(title, FAILURE_COLUMNS, policies))
 
 
 def _print_islands(out: Any, policies: dict[str, Any], settings: dict[str, Any]) -> None:
     """How each policy's jobs were placed over the NVLink islands."""
-    from preemptible.sim.kpis import ISLAND_COLUMNS, column_format
+    from preemptible.sim.kpis import ISLAND_COLUMNS
 
-    placed = table(title=f"GPU placement within nodes ({topology_words(settings)})")
-    placed.add_column("policy")
+    title = f"GPU placement within nodes ({topology_words(settings)})"
+    out.print(_policy_table(title, ISLAND_COLUMNS, policies))
+
+
+def _policy_table(title: str, columns: Sequence[Column], policies: dict[str, Any]) -> Table:
+    """A row per policy of its overall `columns`, each in the unit that suits its values."""
+    from preemptible.sim.kpis import column_format
+
+    out = table(title=title)
+    out.add_column("policy")
     formats = []
-    for column in ISLAND_COLUMNS:
+    for column in columns:
         label, fmt = column_format(column, [m["overall"][column.key] for m in policies.values()])
-        placed.add_column(label, justify="right")
+        out.add_column(label, justify="right")
         formats.append((column.key, fmt))
     for name, metrics in policies.items():
-        placed.add_row(name, *(fmt(metrics["overall"][key]) for key, fmt in formats))
-    out.print(placed)
+        out.add_row(name, *(fmt(metrics["overall"][key]) for key, fmt in formats))
+    return out
 
 
 def _print_lost_by_kind(out: Any, policies: dict[str, Any]) -> None:

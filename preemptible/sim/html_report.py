@@ -148,8 +148,16 @@ def render(report: Mapping[str, Any], charts: HtmlReport, *, generated_at: datet
         _notes(report),
         '<section id="comparison"><h2>Policies compared</h2>',
         _comparison_table(policies),
-        _failure_table(policies) if "failures" in report else "",
-        _island_table(policies) if "node_topology" in report else "",
+        (
+            _policy_table("Crashes and hangs", "failures", FAILURE_COLUMNS, policies)
+            if "failures" in report
+            else ""
+        ),
+        (
+            _policy_table("GPU placement within nodes", "islands", ISLAND_COLUMNS, policies)
+            if "node_topology" in report
+            else ""
+        ),
         *(_figure(chart) for chart in charts.comparison()),
         "</section>",
         *(_policy_section(name, m, charts.runs.get(name, [])) for name, m in policies.items()),
@@ -283,21 +291,6 @@ def _slowdown_words(factor: float) -> str:
     return f"a split job runs {1 + factor:g}x slower" if factor else "none"
 
 
-def _island_table(policies: Mapping[str, Any]) -> str:
-    """How each policy's jobs were placed over the islands (`ISLAND_COLUMNS`)."""
-    head = "".join(f"<th>{escape(c.heading)}</th>" for c in ISLAND_COLUMNS)
-    rows = [
-        f"<tr><th>{escape(name)}</th>"
-        + "".join(_td(m["overall"][c.key], c.kind) for c in ISLAND_COLUMNS)
-        + "</tr>"
-        for name, m in policies.items()
-    ]
-    return (
-        '<h3>GPU placement within nodes</h3><table class="islands"><thead><tr><th>policy</th>'
-        f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-    )
-
-
 def _failure_rows(failures: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     """The header's lines on crashes and hangs (none where the run models none)."""
     if failures is None:
@@ -318,17 +311,19 @@ def _failure_rows(failures: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     ]
 
 
-def _failure_table(policies: Mapping[str, Any]) -> str:
-    """What crashes and hangs cost each policy (`FAILURE_COLUMNS`)."""
-    head = "".join(f"<th>{escape(c.heading)}</th>" for c in FAILURE_COLUMNS)
+def _policy_table(
+    heading: str, css_class: str, columns: Sequence[Column], policies: Mapping[str, Any]
+) -> str:
+    """A row per policy of its overall `columns` (the failures' or the islands' table)."""
+    head = "".join(f"<th>{escape(c.heading)}</th>" for c in columns)
     rows = [
         f"<tr><th>{escape(name)}</th>"
-        + "".join(_td(m["overall"][c.key], c.kind) for c in FAILURE_COLUMNS)
+        + "".join(_td(m["overall"][c.key], c.kind) for c in columns)
         + "</tr>"
         for name, m in policies.items()
     ]
     return (
-        '<h3>Crashes and hangs</h3><table class="failures"><thead><tr><th>policy</th>'
+        f'<h3>{escape(heading)}</h3><table class="{css_class}"><thead><tr><th>policy</th>'
         f"{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
 
