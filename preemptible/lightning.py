@@ -36,6 +36,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -57,10 +58,12 @@ from preemptible import (
     RNGState,
     StorageError,
 )
+from preemptible.runtime.announce import announce
 
 try:
     import lightning.pytorch as pl
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning.fabric.utilities.data import _set_sampler_epoch
     from lightning.pytorch.callbacks import Callback
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise BackendNotInstalledError(
@@ -78,12 +81,13 @@ log = logging.getLogger("preemptible")
 class PreemptibleCheckpointIO(CheckpointIO):
     """Write and read Lightning checkpoints with `Checkpointer` (``plugins=[...]``).
 
-    A Lightning path is the root of a one-checkpoint store: each save commits the next step
-    number there and only then deletes the previous one (``keep=1``), so a path always holds a
-    complete checkpoint, old or new. The step is a save counter, not ``global_step``: Lightning
-    writes the same path twice at one ``global_step`` (end of epoch, then validation), and a
-    second commit of an existing step would be ignored. ``global_step`` and ``epoch`` go into
-    the manifest's metadata, where `PreemptionCallback.resume_path` reads them.
+    A Lightning path is the root of a one-checkpoint store: each save commits a step there and
+    only then deletes the previous one (``keep=1``), so a path always holds a complete
+    checkpoint, old or new. The step is ``global_step``, or one past the path's previous step
+    when that is not higher: Lightning writes the same path twice at one ``global_step`` (end
+    of epoch, then validation), and a second commit of an existing step would be ignored.
+    ``global_step`` and ``epoch`` go into the manifest's metadata, where
+    `PreemptionCallback.resume_path` reads them.
 
     With ``local=`` a save commits in ``local``'s sub-directory for the path and returns; a
     background thread uploads it to the path. ``teardown`` (the end of ``fit``, or its exit on
@@ -151,9 +155,12 @@ class PreemptibleCheckpointIO(CheckpointIO):
         else:
             store = self._tiered_store(path, storage_options)
         latest = store.latest()
-        step = 0 if latest is None else latest.step + 1
+        global_step = int(checkpoint.get("global_step", 0))
+        # The step folder is the training step; a second save at one global step (end of
+        # epoch, then validation) takes the next number, as a commit never replaces a step.
+        step = global_step if latest is None else max(global_step, latest.step + 1)
         meta = {
-            "global_step": int(checkpoint.get("global_step", 0)),
+            "global_step": global_step,
             "epoch": int(checkpoint.get("epoch", 0)),
             "format": "lightning",
             _PATH_KEY: os.fspath(path),
@@ -364,6 +371,9 @@ class PreemptionCallback(Callback):
         self.local = None if local is None else os.path.abspath(os.fspath(local))
         self._owns_guard = guard is None
         self._trained = False
+        self._trainer: pl.Trainer | None = None
+        self._resumed: _Resumed | None = None
+        self._loader_states: list[dict[str, Any]] = []
 
     # --- resuming ---------------------------------------------------------------------------
 
@@ -453,12 +463,22 @@ class PreemptionCallback(Callback):
     def state_dict(self) -> dict[str, Any]:
         """The global RNG states (Python, numpy, torch, CUDA): Lightning saves none, and a
         resumed run must draw what the uninterrupted one would have (samplers seeded from the
-        global generator, dropout)."""
-        return {"rng": RNGState().state_dict()}
+        global generator, dropout); and whether the epoch's batches were all done, which
+        decides when a resume puts them back (`_realign`)."""
+        trainer = self._trainer
+        epoch_done = False
+        if trainer is not None:
+            done = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+            epoch_done = done >= trainer.num_training_batches
+        return {"rng": RNGState().state_dict(), "epoch_done": epoch_done}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if "rng" in state_dict:
+        if "rng" not in state_dict:
+            return
+        if "epoch_done" not in state_dict:  # an earlier version: restored at once, as then
             RNGState().load_state_dict(state_dict["rng"])
+            return
+        self._resumed = _Resumed(state_dict["rng"], bool(state_dict["epoch_done"]))
 
     # --- hooks --------------------------------------------------------------------------------
 
@@ -473,13 +493,16 @@ class PreemptionCallback(Callback):
         if self._owns_guard and not self.guard.installed:
             self.guard.install()
         self._trained = False
+        self._trainer = trainer
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        fit_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        self._loader_states = list(fit_state.get("combined_loader", []))
         if trainer.is_global_zero:
             step = int(checkpoint.get("global_step", 0))
-            log.info("resumed from step %d at %s", step, trainer.ckpt_path)
+            announce("resuming from %s at step %d", trainer.ckpt_path, step)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning has just put its SIGTERM handler over ours (Trainer._run). With several
@@ -490,6 +513,10 @@ class PreemptionCallback(Callback):
         taken = self.guard.reclaim()
         if taken:
             log.debug("preemption notices by %s are handled by PreemptionCallback alone", taken)
+        if self._resumed is not None:
+            resumed, self._resumed = self._resumed, None
+            _realign(trainer, resumed, self._loader_states)
+        self._loader_states = []
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Lightning skips the training loop of a run resumed at its limit and returns from fit
@@ -528,12 +555,61 @@ class PreemptionCallback(Callback):
         stop = trainer.strategy.reduce_boolean_decision(self.guard.requested, all=False)
         if not stop:
             return
+        path = _join(self.dirpath, _PREEMPTED_NAME)
         with self.guard.final_save():
-            trainer.save_checkpoint(_join(self.dirpath, _PREEMPTED_NAME))
+            trainer.save_checkpoint(path, weights_only=False)  # the full state; unasked, it logs
             self._wait_durable(trainer)
         trainer.should_stop = True
         code = self.guard.exit_code() or 143  # a notice seen only by another rank: SIGTERM's
+        if trainer.is_global_zero:
+            why = self.guard.reason or "another rank's notice"
+            announce(
+                "%s: saved step %d to %s; exiting with %d", why, trainer.global_step, path, code
+            )
         raise SystemExit(code)
+
+
+@dataclass(frozen=True)
+class _Resumed:
+    """What a resume puts back once Lightning has rebuilt the data loader (`_realign`)."""
+
+    rng: dict[str, Any]
+    epoch_done: bool
+
+
+def _realign(trainer: pl.Trainer, resumed: _Resumed, loader_states: list[dict[str, Any]]) -> None:
+    """Make the resumed run draw and read what the uninterrupted one would have, from the
+    first batch on (called at ``on_train_start``, after Lightning built the loader).
+
+    Lightning creates the loader's iterator before it sets the sampler's epoch, and keeps it on a
+    resume, so a ``DistributedSampler`` resumed in epoch 1 or later replays epoch 0's order; after
+    an end-of-epoch checkpoint it loads no loader state, so a ``StatefulDataLoader`` shuffles
+    from a fresh seed. Building the loader also draws from the global generator, which the
+    uninterrupted run did long before. So: set the epoch, load the loader's state (which also
+    puts a ``StatefulDataLoader``'s shuffling generator back), make the iterator again, put the
+    RNG states back, and, when the checkpoint ended an epoch, make the next epoch's iterator from
+    there, as the uninterrupted run did (it draws from the global generator)."""
+    fit_loop = trainer.fit_loop
+    loader = getattr(fit_loop, "_combined_loader", None)
+    fetcher = getattr(fit_loop, "_data_fetcher", None)
+    if loader is None or fetcher is None:  # a Lightning whose loop we do not know
+        warnings.warn(
+            "cannot realign the data loader with this Lightning version; restoring the RNG "
+            "states only (the data order after the resume may differ)",
+            PreemptibleWarning,
+            stacklevel=2,
+        )
+        RNGState().load_state_dict(resumed.rng)
+        return
+    # Lightning's own epoch number for set_epoch (typed as the base tracker, it has `processed`)
+    epoch = fit_loop.epoch_progress.current.processed  # type: ignore[attr-defined]
+    for dataloader in loader.flattened:
+        _set_sampler_epoch(dataloader, epoch)
+    loader._load_state_dicts(loader_states)
+    iter(fetcher)
+    RNGState().load_state_dict(resumed.rng)
+    if resumed.epoch_done:  # the loader stands at the end of the epoch saved: start the next
+        iter(fetcher)
 
 
 def _wait_durable_until_deadline(io: PreemptibleCheckpointIO, guard: PreemptionGuard) -> None:

@@ -1,4 +1,6 @@
-"""The real Lightning Trainer on CPU, a real SIGTERM mid-epoch, a restart with the same command.
+"""The real Lightning Trainer on CPU, a real signal mid-epoch, a restart with the same command:
+under SLURM's variables and with two tiers (the page's own script, one and two processes, is
+run by test_lightning_page.py).
 
 The interrupted-and-resumed run must end with weights and optimizer state bitwise equal to an
 uninterrupted one: the save happened at the end of the batch the notice arrived in, and the
@@ -136,24 +138,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return state
 
 
-def test_sigterm_mid_epoch_saves_exits_143_and_resumes_bitwise(
-    tmp_path: Path, reference: dict
-) -> None:
-    code, out = _interrupt_at(tmp_path, 5)
-    assert code == 128 + signal.SIGTERM, out
-    preempted = Checkpointer(tmp_path / "ckpt" / "preempted.ckpt").latest()
-    assert preempted is not None, out
-    stopped_at = preempted.metadata["global_step"]
-    assert 5 <= stopped_at < BATCHES_PER_EPOCH, "the save is mid-epoch, right after the notice"
-    assert not (tmp_path / "final-rank0").exists()
-
-    done = _run(tmp_path)  # the same command
-    assert done.returncode == 0, done.stdout + done.stderr
-    step, state = _final(tmp_path)
-    assert step == TOTAL
-    _assert_bitwise_equal(state, reference)
-
-
 def test_under_slurm_auto_requeue_our_handler_wins_on_sigusr1(
     tmp_path: Path, reference: dict
 ) -> None:
@@ -198,37 +182,3 @@ def test_two_tiers_sigterm_commits_locally_uploads_and_resumes_on_another_node_b
     _assert_bitwise_equal(state, reference)
     last = Checkpointer(tmp_path / "ckpt" / "last.ckpt").latest()
     assert last is not None and last.metadata["global_step"] == TOTAL, "fit waited for it"
-
-
-DDP_TOTAL = TOTAL // 2  # two ranks share each epoch's 24 batches
-
-
-@pytest.fixture(scope="module")
-def reference_ddp(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    workdir = tmp_path_factory.mktemp("uninterrupted-ddp")
-    done = _run(workdir, "--devices", "2")
-    assert done.returncode == 0, done.stdout + done.stderr
-    finals = [_final(workdir, rank) for rank in (0, 1)]
-    assert [step for step, _ in finals] == [DDP_TOTAL, DDP_TOTAL]
-    return [state for _, state in finals]
-
-
-def test_ddp_on_two_processes_saves_from_rank_0_and_both_resume_bitwise(
-    tmp_path: Path, reference_ddp: list[dict]
-) -> None:
-    """Lightning's ddp on gloo: SIGTERM to the launching process (rank 0), which Lightning passes
-    to rank 1; the ranks agree on the step, rank 0 writes the checkpoint alone, both exit 143.
-    The same command resumes both ranks from it, bitwise."""
-    code, out = _interrupt_at(tmp_path, 3, "--devices", "2")
-    assert code == 128 + signal.SIGTERM, out
-    preempted = Checkpointer(tmp_path / "ckpt" / "preempted.ckpt").latest()
-    assert preempted is not None and preempted.world_size == 1, out  # one writer
-    assert 3 <= preempted.metadata["global_step"] < DDP_TOTAL // 2, "mid-epoch"
-    assert _progress(tmp_path, 1) == _progress(tmp_path, 0), "both ranks stopped at one step"
-
-    done = _run(tmp_path, "--devices", "2")
-    assert done.returncode == 0, done.stdout + done.stderr
-    for rank in (0, 1):
-        step, state = _final(tmp_path, rank)
-        assert step == DDP_TOTAL
-        _assert_bitwise_equal(state, reference_ddp[rank], f"rank {rank}")

@@ -54,8 +54,19 @@ def test_round_trip_and_replace(tmp_path: Path) -> None:
     assert torch.equal(loaded["state_dict"]["net.weight"], torch.full((2, 3), 7.0))
     assert loaded["optimizer_states"][0]["state"][0]["step"].item() == 7.0
     infos = Checkpointer(path).list()
-    assert [i.step for i in infos] == [2], "one committed checkpoint, the newest"
+    assert [i.step for i in infos] == [7], "one committed checkpoint, the newest, at its step"
     assert infos[0].metadata["global_step"] == 7
+
+
+def test_the_step_folder_is_the_global_step_or_one_past_the_last(tmp_path: Path) -> None:
+    io = PreemptibleCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    steps = []
+    for global_step in (3, 3, 10, 4):  # twice at one step; then a resume from an older one
+        io.save_checkpoint(_checkpoint(global_step), path)
+        steps.append(Checkpointer(path).latest().step)
+    assert steps == [3, 4, 10, 11]
+    assert io.load_checkpoint(path)["global_step"] == 4, "the newest save, whatever its folder"
 
 
 def test_corrupted_file_is_detected(tmp_path: Path) -> None:
@@ -182,8 +193,8 @@ def test_a_finished_fit_started_again_logs_the_resume_and_exits_0(
     with caplog.at_level(logging.INFO, "preemptible"), pytest.raises(SystemExit) as exit_:
         _fit(tmp_path)
     assert isinstance(exit_.value, AlreadyComplete) and exit_.value.code == 0
-    resumed = [r.message for r in caplog.records if r.message.startswith("resumed from")]
-    assert resumed == [f"resumed from step 4 at {tmp_path / 'last.ckpt'}"]
+    resumed = [r.message for r in caplog.records if r.message.startswith("resuming from")]
+    assert resumed == [f"resuming from {tmp_path / 'last.ckpt'} at step 4"]
     assert f"already complete at step 4: the checkpoint at {tmp_path / 'last.ckpt'}" in caplog.text
 
 
