@@ -3,12 +3,13 @@
     python examples/accelerate_train.py --dir runs/acc
     accelerate launch --multi_gpu --num_processes 2 examples/accelerate_train.py --dir runs/acc2
 
-(On a machine without GPUs, ``--multi_gpu`` is what makes ``accelerate launch`` start two
-processes, which then talk over gloo; without it ``--num_processes 2`` starts one.)
+(On a machine without GPUs, prefix the second with ``ACCELERATE_USE_CPU=1``: without it each of
+the two processes runs alone, and ``PreemptibleAccelerator`` refuses them; without
+``--multi_gpu``, ``--num_processes 2`` starts one.)
 
 It prints one line per 10 steps. Send it SIGTERM (``kill <pid>``; under ``accelerate launch``,
 the launcher's pid) or press Ctrl-C: each process finishes its step, they save together, print
-``preempted: checkpointed step N ...; exiting with 143`` (130 for Ctrl-C) and exit. Run the same
+``preempted: checkpointed step N ... in DIR; exiting with 143`` (130 for Ctrl-C) and exit. Run the same
 command again: it prints ``resumed at epoch E, step N`` and continues with the next batch, the
 result bit for bit what an uninterrupted run gives; once it has finished, the same command says
 ``already complete at step N`` and exits 0. Checkpoints are the folders

@@ -64,6 +64,7 @@ from preemptible import (
     forget_process_groups,
 )
 from preemptible.distributed import local_world_size
+from preemptible.runtime.announce import announce
 
 try:
     from accelerate.data_loader import get_sampler  # type: ignore[import-untyped]
@@ -140,6 +141,7 @@ class PreemptibleAccelerator:
         local: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_distributed_type(accelerator)
+        _check_launched_alone(int(accelerator.num_processes))
         if local is not None:
             _check_one_node(int(accelerator.num_processes))
         config = accelerator.project_configuration
@@ -235,18 +237,13 @@ class PreemptibleAccelerator:
         if not self._started:
             self.store.source = source
             self._ensure_started()
-            return self.context.resumed_from
-        started = time.perf_counter()
-        self.store.source = source
-        step = self.store.restore(self.context.state())
-        self._sync_iteration()
+            step = self.context.resumed_from
+        else:
+            self.store.source = source
+            step = self.store.restore(self.context.state())
+            self._sync_iteration()
         if step is not None and self.accelerator.is_main_process:
-            log.info(
-                "resumed from step %d at %s in %.2f s",
-                step,
-                self.store.restored_url,
-                time.perf_counter() - started,
-            )
+            announce("resuming from %s at step %d", self.store.restored_url, step)
         return step
 
     # --- the loop -----------------------------------------------------------------------------
@@ -840,11 +837,14 @@ class _Store:
 
     def _check_processes(self, url: str, info: CheckpointInfo) -> None:
         if info.world_size != self.processes:
+            cpu = "ACCELERATE_USE_CPU=1 " if not torch.cuda.is_available() else ""
             raise ConfigError(
-                f"{url} was saved by {info.world_size} processes, this run has "
-                f"{self.processes}: each process's data position and RNG states belong to its "
-                f"rank and would not continue the same run. Resume with "
-                f"--num_processes {info.world_size}"
+                f"{url} was saved by {info.world_size} process"
+                f"{'es' if info.world_size > 1 else ''}, this run has {self.processes}: each "
+                "process's data position and RNG states belong to its rank and would not "
+                f"continue the same run. Resume with {info.world_size}: {cpu}accelerate launch "
+                f"{'--multi_gpu ' if info.world_size > 1 else ''}--num_processes "
+                f"{info.world_size} ... (the same command as the run that saved it)"
             )
 
     def list(self) -> list[CheckpointInfo]:
@@ -912,6 +912,23 @@ def _check_one_node(processes: int) -> None:
             "local folder, which processes on other nodes cannot write. Run on one node "
             "(--num_machines=1), or drop local= and save to the checkpoint folder directly"
         )
+
+
+def _check_launched_alone(processes: int) -> None:
+    """Refuse a process that its launcher started as one of several but whose Accelerator runs
+    alone: each of them would train the whole run by itself, and all would write to the same
+    checkpoint folder. ``accelerate launch --multi_gpu`` does that on a machine without GPUs
+    (torchrun starts the processes, but Accelerate picks no CPU back end unless asked)."""
+    launched = os.environ.get("WORLD_SIZE", "")
+    if not launched.isdigit() or int(launched) <= processes:
+        return
+    raise ConfigError(
+        f"this process was started as one of {launched} (WORLD_SIZE={launched}), but its "
+        f"Accelerator runs {processes} process{'es' if processes > 1 else ''}: each would "
+        "train alone and write over the others' checkpoints. Without GPUs, Accelerate uses "
+        "several CPU processes only when asked: run ACCELERATE_USE_CPU=1 accelerate launch "
+        f"--multi_gpu --num_processes {launched} ..., or build Accelerator(cpu=True)"
+    )
 
 
 def _check_distributed_type(accelerator: Any) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import preemptible
+from tests.doc_blocks import block
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -28,7 +29,9 @@ KILL_COMMAND = '$ python train.py & sleep 5; kill -TERM $!; wait $!; echo "exit 
 RUN_COMMAND = "$ python train.py"
 FINISHED_COMMAND = '$ python train.py; echo "exit status $?"'
 NOTICE_LINE = re.compile(
-    r"^preempted: checkpointed step (\d+) \d+\.\d\d s after the notice; exiting with 143$", re.M
+    r"^preempted: checkpointed step (\d+) \d+\.\d\d s after the notice \(SIGTERM\) "
+    r"in \S+/runs/first; exiting with 143$",
+    re.M,
 )
 STEP_LINE = re.compile(r"^step (\d+) loss \S+$")
 
@@ -73,7 +76,7 @@ def test_getting_started_pins_the_torch_of_the_makefile() -> None:
 @pytest.mark.timeout(180)
 def test_getting_started_runs_as_written(tmp_path: Path) -> None:
     page = GETTING_STARTED.read_text()
-    (script,) = _blocks(page, "python")
+    script = block("docs/getting-started.md", "getting-started")
     killed, resumed, finished = _blocks(page, "console")
     assert killed.splitlines()[0] == KILL_COMMAND
     assert resumed.splitlines()[0] == RUN_COMMAND

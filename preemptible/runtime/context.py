@@ -279,6 +279,27 @@ class Context:
         self.step = step
         self._at_boundary(step)
 
+    def agree(self, step: int) -> bool:
+        """`step_done` without the stop, for a framework that saves later in its step (after
+        its logging and evaluation, which may draw random numbers): the ranks agree, a save
+        the schedule asks for is made, and on a notice it returns True (`should_stop`) and
+        does nothing more; the caller then calls `stop` at its save point. All ranks call it
+        with the same step."""
+        self.step = step
+        return self._agreed_to_stop(step)
+
+    def stop(self, step: int) -> NoReturn:
+        """Checkpoint ``step`` and exit with the notice's code, as `step_done` does on a notice;
+        called after `agree` returned True, on every rank.
+
+        Raises:
+            ConfigError: no notice was agreed on (`agree` did not return True).
+        """
+        if not self._should_stop:
+            raise ConfigError("stop() follows an agree() that returned True")
+        self.step = step
+        self._stop(step)
+
     def already_complete(self, step: int, detail: str) -> NoReturn:
         """The restored checkpoint, at ``step``, is the last the loop needs (``detail`` says
         why): log "already complete at step N" (rank 0) and exit 0 by raising `AlreadyComplete`.
@@ -405,6 +426,11 @@ class Context:
         self.schedule.hint_seconds = terms.interval_hint_s
 
     def _at_boundary(self, step: int) -> None:
+        if self._agreed_to_stop(step):
+            self._stop(step)
+
+    def _agreed_to_stop(self, step: int) -> bool:
+        """The boundary's work but the stop: the agreement, and a save the schedule asks for."""
         if self.queue_link is not None:
             self.queue_link.progress(step)  # the manager's hang watch
         if self._unreported is not None and self._unreported.done():
@@ -423,9 +449,10 @@ class Context:
         if stop:
             self._resize_to = resize_to
             self._should_stop = True
-            self._stop(step)
+            return True
         if save:
             self._save(step, blocking=not self.async_save)
+        return False
 
     def _save(self, step: int, *, blocking: bool) -> None:
         result = self.checkpointer.save(step, self._state(), blocking=blocking)
@@ -452,7 +479,7 @@ class Context:
         else:
             self._report()
 
-    def _stop(self, step: int) -> None:
+    def _stop(self, step: int) -> NoReturn:
         """Checkpoint the completed ``step`` (when the deadline leaves time for it, `last_save`)
         and leave with the notice's exit code."""
         resize_to = self._resize_to
@@ -476,8 +503,13 @@ class Context:
         received = self.guard.received_at
         waited = f" {time.time() - received:.2f} s after the notice" if received else ""
         what = "preempted" if resize_to is None else f"resizing to {resize_to} GPUs"
+        if received:
+            waited += f" ({self.guard.reason})"
         if saved:
-            log.warning("%s: checkpointed step %d%s; exiting with %d", what, step, waited, code)
+            where = self.checkpointer.url
+            log.warning(
+                "%s: checkpointed step %d%s in %s; exiting with %d", what, step, waited, where, code
+            )
         else:
             last = self._last_saved_step
             on = "no checkpoint" if last is None else f"the checkpoint of step {last}"

@@ -354,6 +354,19 @@ def test_a_bad_total_limit_is_refused(run, limit):
         PreemptibleAccelerator(run(total_limit=limit).accelerator)
 
 
+def test_a_process_started_as_one_of_two_that_runs_alone_is_refused(run, monkeypatch):
+    """What ``accelerate launch --multi_gpu`` gives on a machine without GPUs: a launcher that
+    started two processes (WORLD_SIZE=2) whose Accelerator runs alone."""
+    r = run()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"one of 2 \(WORLD_SIZE=2\).*ACCELERATE_USE_CPU=1"):
+        PreemptibleAccelerator(r.accelerator)
+    assert not (Path(r.accelerator.project_dir) / "checkpoints").exists()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with PreemptibleAccelerator(r.accelerator) as acc:
+        assert acc.load_state() is None
+
+
 def test_bad_input_gets_errors_that_say_what_to_do(run, tmp_path):
     with pytest.raises(ConfigError, match=r"checkpoint_dir=.*automatic_checkpoint_naming=True"):
         PreemptibleAccelerator(run(naming=False).accelerator)
