@@ -104,6 +104,10 @@ gpus = 2
 
 [preemption]
 grace_min = "30s"
+grace_max = "30s"
+# The reclaim goes at once: by default it first waits for capacity to free on its own (up to
+# three graces less the victim's), which is not what this part measures.
+reclaim_within = "30s"
 min_runtime = "0s"
 cooldown = "0s"
 
