@@ -9,9 +9,10 @@ the two processes runs alone, and ``PreemptibleAccelerator`` refuses them; witho
 
 It prints one line per 10 steps. Send it SIGTERM (``kill <pid>``; under ``accelerate launch``,
 the launcher's pid) or press Ctrl-C: each process finishes its step, they save together, print
-``preempted: checkpointed step N ... in DIR; exiting with 143`` (130 for Ctrl-C) and exit. Run the same
-command again: it prints ``resumed at epoch E, step N`` and continues with the next batch, the
-result bit for bit what an uninterrupted run gives; once it has finished, the same command says
+``preempted: checkpointed step N ... in DIR; exiting with 143`` (130 for Ctrl-C) and exit. Run
+the same command again: it prints ``resumed at epoch E, step N`` and continues with the next
+batch, the result bit for bit what an uninterrupted run gives; once it has finished, the same
+command says
 ``already complete at step N`` and exits 0. Checkpoints are the folders
 ``<dir>/checkpoints/checkpoint_<i>``, the last 3 kept; ``preemptible ckpt verify`` reads each.
 """

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         TraceFormatError,
         UnsupportedStateError,
     )
+    from preemptible.runtime.announce import announce
     from preemptible.runtime.context import AlreadyComplete, Context, preemptible
     from preemptible.runtime.global_batch import GlobalBatch
     from preemptible.runtime.rng import RNGState
@@ -70,6 +71,7 @@ _EXPORTS = {
     "ResumableSampler": "preemptible.runtime.sampler",
     "GlobalBatch": "preemptible.runtime.global_batch",
     "RNGState": "preemptible.runtime.rng",
+    "announce": "preemptible.runtime.announce",
     # The whole error tree: `except preemptible.PreemptibleError` needs no other import.
     "AccessDeniedError": "preemptible.errors",
     "BackendNotInstalledError": "preemptible.errors",
@@ -131,6 +133,7 @@ __all__ = [
     "UnsupportedStateError",
     "VerifyReport",
     "__version__",
+    "announce",
     "forget_process_groups",
     "init_process_group",
     "preemptible",

@@ -61,10 +61,10 @@ from preemptible import (
     PreemptibleError,
     RNGState,
     StorageError,
+    announce,
     forget_process_groups,
 )
 from preemptible.distributed import local_world_size
-from preemptible.runtime.announce import announce
 
 try:
     from accelerate.data_loader import get_sampler  # type: ignore[import-untyped]

@@ -57,8 +57,8 @@ from preemptible import (
     PreemptionGuard,
     RNGState,
     StorageError,
+    announce,
 )
-from preemptible.runtime.announce import announce
 
 try:
     import lightning.pytorch as pl
