@@ -1,20 +1,33 @@
-# Two commands on a fresh machine: `make demo` and `make test`. Each creates .venv itself.
+# Two commands on a fresh machine: `make demo` and `make test`. Each creates .venv itself and
+# installs what it uses: the demos the queue extra, the tests the extras and the dev tools.
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
 STAMP   := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 # torch first and pinned: a bare `torch` may resolve a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: venv test test-fast lint format typecheck docs demo demo-checkpoint bench clean
+.PHONY: venv demo-venv test test-fast lint format typecheck docs demo demo-checkpoint bench clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+demo-venv: $(DEMO_STAMP)
+
+define torch_first
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
+endef
+
+$(STAMP): pyproject.toml
+	$(torch_first)
 	$(PIP) install -q -e '.[dev]'
 	touch $(STAMP)
+
+$(DEMO_STAMP): pyproject.toml
+	$(torch_first)
+	$(PIP) install -q -e '.[queue]'
+	touch $(DEMO_STAMP)
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -42,11 +55,11 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The queue manager on four virtual GPUs: a borrower shrunk to reclaim, grown back, bit-exact.
-demo: venv
+demo: demo-venv
 	$(PY) examples/queue_demo.py
 
 # The checkpoint store: a save torn by SIGKILL, a flipped bit, and the recovery from both.
-demo-checkpoint: venv
+demo-checkpoint: demo-venv
 	$(PY) examples/checkpoint_demo.py
 
 bench: venv

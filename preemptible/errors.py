@@ -89,7 +89,16 @@ class StorageError(PreemptibleError, OSError):
 
 
 class BackendNotInstalledError(PreemptibleError, ImportError):
-    """The fsspec backend for a URL scheme is not installed."""
+    """An optional package is not installed: an extra of preemptible, or the fsspec backend of
+    a URL scheme.
+
+    The message names the `pip install` line to run (``pip install 'preemptible[queue]'``);
+    ``extra`` is the extra that installs it, or None when none does (``gcsfs`` for gs://).
+    """
+
+    def __init__(self, message: str, *, extra: str | None = None):
+        super().__init__(message)
+        self.extra = extra
 
 
 # --- preemption runtime ------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import Any, BinaryIO, Protocol
 
 import fsspec
 
+from preemptible._extras import extra_for_url, install_line
 from preemptible.checkpoint.manifest import MANIFEST_NAME, TMP_PREFIX, TRASH_PREFIX
 from preemptible.errors import BackendNotInstalledError, ConfigError
 
@@ -352,9 +353,10 @@ def open_storage(
     try:
         fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     except ImportError as e:
+        extra = extra_for_url(url)
+        fix = install_line(extra) if extra else "install the fsspec backend it names"
         raise BackendNotInstalledError(
-            f"no filesystem installed for {url!r}: {e}. Install the fsspec backend for this "
-            "scheme (e.g. `pip install s3fs` for s3://, `gcsfs` for gs://)"
+            f"no filesystem installed for {url!r} ({e}): {fix}", extra=extra
         ) from e
     except ValueError as e:
         raise ConfigError(f"cannot open checkpoint root {url!r}: {e}") from e

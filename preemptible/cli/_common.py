@@ -33,6 +33,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from preemptible._extras import require
+from preemptible.errors import BackendNotInstalledError
+
 _NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 # C0 controls, DEL and C1 controls (category Cc); the bidirectional formatting characters,
 # which reorder what a line shows; the line and paragraph separators; lone surrogates (a file
@@ -118,6 +121,16 @@ def fail(error: Exception | str, code: int = 2) -> NoReturn:
     ``code``."""
     _err.print(Text.assemble(("error:", "red"), " ", text(error)), soft_wrap=True)
     raise typer.Exit(code)
+
+
+def require_extra(extra: str, command: str, *, modules: tuple[str, ...] | None = None) -> None:
+    """Return if the packages of `extra` (its `modules` alone, if given) are installed;
+    otherwise print the one line that says which extra `preemptible COMMAND` needs and its
+    `pip install` line, and exit 2."""
+    try:
+        require(extra, f"preemptible {command}", modules=modules)
+    except BackendNotInstalledError as error:
+        fail(error)
 
 
 def human_bytes(n: int) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Protocol
 
-from preemptible.queue.service.arrays import compress
+from preemptible.queue.arrays import compress
 
 _ARRAY = re.compile(r"^(a\d+)(?:_(\d+))?$")
 _ORDER = ("running", "preempting", "pending", "failed", "cancelled", "completed")

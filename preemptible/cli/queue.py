@@ -19,9 +19,8 @@ import fnmatch
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import httpx
 import typer
 from rich.table import Table
 
@@ -35,12 +34,16 @@ from preemptible.cli._common import (
     echo_json,
     echo_raw,
     printable,
+    require_extra,
     table,
 )
 from preemptible.cli._common import text as plain_text
 from preemptible.cli._queue_arrays import expand as expand_ids
 from preemptible.cli._queue_arrays import one_row_per_array, resolve_one
 from preemptible.errors import PreemptibleError
+
+if TYPE_CHECKING:
+    import httpx  # imported when a client is made: 60 ms of every command's start otherwise
 
 DEFAULT_PORT = 8470
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
@@ -87,6 +90,8 @@ class _Client:
         self.url = url.rstrip("/")
         self.token = token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        import httpx
+
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
 
     def call(
@@ -158,6 +163,8 @@ class _Client:
         body: dict[str, Any] | None = None,
     ) -> httpx.Response:
         """The answer, whatever its status; exits 1 when the server cannot be reached."""
+        import httpx
+
         params = {k: v for k, v in (params or {}).items() if v is not None}
         try:
             return self._http.request(method, path, params=params or None, json=body)
@@ -228,6 +235,7 @@ def serve(
 ) -> None:
     """Run the queue manager: schedule, launch and preempt jobs; serve the HTTP API and the
     dashboard (http://HOST:PORT/, signed in with a queue or the admin token)."""
+    require_extra("queue", "queue serve")
     from preemptible.queue.service.decision_log import FORMATS
     from preemptible.queue.service.server import run_server
 
@@ -929,6 +937,7 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print the findings as JSON.")] = False,
 ) -> None:
     """Say how jobs are contained on this machine (help: `_DOCTOR_HELP`)."""
+    require_extra("queue", "queue doctor")  # what the manager would use, where it would run
     from preemptible.queue.service.containment import Mechanism, survey
 
     found = survey()
@@ -1028,6 +1037,8 @@ def export_policy(
     options = {key: value for key, value in kueue_options.items() if value is not None}
     if to != "kueue" and options:
         _fail("--namespace, --cohort and --kueue-api apply to --to kueue only")
+    if to == "kueue":
+        require_extra("k8s", "queue export --to kueue", modules=("yaml",))  # YAML, no client
     try:
         text = config.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -19,9 +19,9 @@ from preemptible._env_names import COST_FILE_ENV, LOG_LEVEL_ENV, SERVICE_ACCOUNT
 from preemptible.cli._common import fail
 from preemptible.errors import PreemptibleError
 
-# Spelled out rather than imported: `preemptible.runtime.sidecar` imports torch (through
-# `preemptible.checkpoint`), which `preemptible --help` must not pay for. A test checks that
-# they equal the constants of `preemptible.runtime.sidecar` and the reporter.
+# Spelled out rather than imported: `preemptible.runtime.sidecar` loads prometheus-client and
+# the reporters, which `preemptible --help` need not pay for. A test checks that they equal the
+# constants of `preemptible.runtime.sidecar` and the reporter.
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEFAULT_POLL_S = 1.0
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from preemptible.cli._common import OnceCommand, OnceGroup, console, echo, table
+from preemptible.cli._common import OnceCommand, OnceGroup, console, echo, require_extra, table
 from preemptible.errors import PreemptibleError
 
 if TYPE_CHECKING:
@@ -119,6 +119,8 @@ def sim(
         return
     if trace is None or config is None:
         _fail("give --trace FILE and --config queue.toml (or a subcommand: import, synth)")
+    if plot is not None or html is not None:
+        require_extra("sim", "sim --plot" if html is None else "sim --html")
     try:
         report = run_sim(
             trace=trace,

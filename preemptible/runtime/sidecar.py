@@ -258,7 +258,8 @@ def _pod_annotations(options: SidecarOptions, env: Mapping[str, str]) -> tuple[R
     except ImportError as exc:
         raise BackendNotInstalledError(
             "the sidecar patches pod annotations with the kubernetes client: "
-            "pip install 'preemptible[k8s]' (or pass --no-annotations to serve only /metrics)"
+            "pip install 'preemptible[k8s]' (or pass --no-annotations to serve only /metrics)",
+            extra="k8s",
         ) from exc
     from preemptible.runtime.reporters.kubernetes import PodAnnotations
 

@@ -20,6 +20,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+from preemptible._extras import require
 from preemptible.sim.engine import SimResult
 
 if TYPE_CHECKING:
@@ -180,9 +181,7 @@ def compare_waits_figure(timelines: Sequence[Timeline]) -> Figure:
 
 def compare_goodput_figure(timelines: Sequence[Timeline]) -> Figure:
     """Utilisation (top) and goodput (bottom) over time, one line per policy."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 5.4), dpi=DPI)
+    fig = _figure_class()(figsize=(8, 5.4), dpi=DPI)
     top, bottom = fig.subplots(2, 1, sharex=True)
     for t in timelines:
         top.plot(t.hours, t.utilization, label=t.policy, lw=0.9, drawstyle="steps-post")
@@ -249,10 +248,16 @@ def write_plots(result: SimResult, out_dir: str | Path) -> list[Path]:
 
 
 def _figure(*, width: float) -> tuple[Figure, Axes]:
+    fig = _figure_class()(figsize=(width, 3.6), dpi=DPI)
+    return fig, fig.subplots()
+
+
+def _figure_class() -> type[Figure]:
+    """matplotlib's `Figure`, imported on the first chart; the sim extra installs it."""
+    require("sim", "the simulator's charts")
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, 3.6), dpi=DPI)
-    return fig, fig.subplots()
+    return Figure
 
 
 def _bin_width_s(result: SimResult) -> float:

@@ -12,8 +12,7 @@ import math
 import re
 from typing import Any
 
-import yaml
-
+from preemptible._extras import require
 from preemptible.errors import ConfigError
 from preemptible.queue.core.config import QueueConfig
 from preemptible.queue.core.model import Queue, Tier
@@ -111,7 +110,11 @@ def kueue_yaml(config: QueueConfig, **options: Any) -> str:
 
     Raises:
         ConfigError: as `kueue_objects`.
+        BackendNotInstalledError: PyYAML is not installed (the k8s extra).
     """
+    require("k8s", "the Kueue export", modules=("yaml",))
+    import yaml
+
     objects = kueue_objects(config, **options)
     header = as_comment(_kueue_notes(config))
     body = yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, width=100)

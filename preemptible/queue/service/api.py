@@ -38,8 +38,8 @@ from pydantic import (
 
 from preemptible._version import __version__
 from preemptible.errors import JobNotFoundError
+from preemptible.queue import arrays
 from preemptible.queue.core.model import Tier
-from preemptible.queue.service import arrays
 from preemptible.queue.service.access import (
     check_job_access,
     check_may_submit,

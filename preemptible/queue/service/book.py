@@ -32,7 +32,7 @@ class JobBook:
         self._seq_of: dict[str, int] = {}
         self._id_of: dict[int, str] = {}
         self.arrays: dict[str, list[str]] = {}
-        """Array id -> the ids of its jobs, in submission order (`arrays.py`)."""
+        """Array id -> the ids of its jobs, in submission order (`queue/arrays.py`)."""
 
     def add(self, seq: int, record: JobRecord, token_hash: str) -> None:
         """A job, under the sequence number its id was made from (`Store.next_seq`)."""

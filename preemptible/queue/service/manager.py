@@ -37,6 +37,7 @@ from preemptible.errors import (
     JobStateError,
     RequestError,
 )
+from preemptible.queue import arrays
 from preemptible.queue.core import (
     POLICIES,
     Policy,
@@ -52,7 +53,7 @@ from preemptible.queue.core.negotiation import (
     negotiate,
 )
 from preemptible.queue.scheduler_loop import Shell
-from preemptible.queue.service import arrays, dependencies, kpis
+from preemptible.queue.service import dependencies, kpis
 from preemptible.queue.service.book import JobBook
 from preemptible.queue.service.crash_points import crash_point
 from preemptible.queue.service.executor import (

@@ -126,7 +126,7 @@ class JobRecord:
     after: list[str] = field(default_factory=list)
     """Its dependencies not met yet, "ID:CONDITION" (`dependencies.py`): in no queue before."""
     array_id: str | None = None
-    """The array it belongs to (`arrays.py`); None for a job submitted alone."""
+    """The array it belongs to (`queue/arrays.py`); None for a job submitted alone."""
     array_index: int | None = None
     array_limit: int | None = None
     """At most this many of its array in their queue or running at once (`JobRuns.poll`)."""

@@ -126,7 +126,7 @@ class JobRuns:
         self.waiting: set[str] = set()
         """Pending jobs whose dependencies are not all met: in no queue (`dependencies.py`)."""
         self.array_backlog: dict[str, set[str]] = {}
-        """Array id -> its pending jobs beyond its limit: in no queue (`arrays.py`)."""
+        """Array id -> its pending jobs beyond its limit: in no queue (`queue/arrays.py`)."""
         self.progress: dict[str, Progress] = {}
         """Job id -> its running attempt's step beats (`beat`), for the hang watch."""
 

@@ -105,7 +105,8 @@ class PodAnnotations:
             from kubernetes.config.incluster_config import InClusterConfigLoader
         except ImportError as exc:
             raise BackendNotInstalledError(
-                "pod annotations need the kubernetes client: pip install 'preemptible[k8s]'"
+                "pod annotations need the kubernetes client: pip install 'preemptible[k8s]'",
+                extra="k8s",
             ) from exc
         sa = Path(service_account_dir)
         pod = env.get("POD_NAME") or env.get("HOSTNAME") or ""

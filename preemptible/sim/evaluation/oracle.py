@@ -42,8 +42,7 @@ import math
 import time
 from typing import Any, NamedTuple
 
-from ortools.sat.python import cp_model
-
+from preemptible._extras import require
 from preemptible._percentile import nearest_rank
 from preemptible.sim.evaluation.family_goals import (
     BASELINES,
@@ -56,6 +55,9 @@ from preemptible.sim.evaluation.family_goals import (
 from preemptible.sim.evaluation.trace_goals import WAIT_FLOOR_S
 from preemptible.sim.family import Knobs, draw_knobs, workload
 from preemptible.sim.trace import TraceJob
+
+require("oracle", "preemptible.sim.evaluation.oracle (CP-SAT schedules)")
+from ortools.sat.python import cp_model  # noqa: E402 (after the check that names the extra)
 
 TIER_BASELINES = ("priority", "kueue", "slurm")
 VERDICTS = ("reachable", "out of reach", "open")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from preemptible.cli.queue import app as cli_app
 from preemptible.errors import JobSpecError, JobStateError
-from preemptible.queue.service import arrays
+from preemptible.queue import arrays
 from preemptible.queue.service.app import create_app
 from preemptible.queue.service.auth import resolve_tokens
 from preemptible.queue.service.manager import QueueManager

@@ -9,6 +9,9 @@ The limit is kept by the manager, not the scheduling core: the jobs beyond it wa
 queue (as a held job or one waiting for a dependency does) and join it, lowest index first, as
 the others leave. Each job is a job in its own right (its own id, attempts, restarts and
 checkpoint); the array's id, `a` and the number of its first job, names them together.
+
+The manager (`preemptible.queue.service`) and the `queue` client commands both read the spec,
+so it lives outside the service, which needs the queue extra.
 """
 
 from __future__ import annotations
