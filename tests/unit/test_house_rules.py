@@ -16,13 +16,13 @@ import preemptible
 ROOT = Path(__file__).resolve().parents[2]
 # Where adapters and examples may import from: the public face, and the CLI the demo prints with.
 PUBLIC = ("preemptible", "preemptible.errors", "preemptible.lightning", "preemptible.accelerate",
-          "preemptible.distributed", "preemptible.cli")  # fmt: skip
+          "preemptible.transformers", "preemptible.distributed", "preemptible.cli")  # fmt: skip
 RULES = (  # (files under, imports that start with any of these are forbidden)
     ("preemptible/queue", ("preemptible.runtime", "preemptible.checkpoint", "torch",
                            "preemptible.distributed", "preemptible.lightning",
-                           "preemptible.accelerate")),
+                           "preemptible.accelerate", "preemptible.transformers")),
     ("preemptible/checkpoint", ("preemptible.runtime", "preemptible.lightning",
-                                "preemptible.accelerate")),
+                                "preemptible.accelerate", "preemptible.transformers")),
     ("preemptible/queue/service", ("preemptible.sim",)),
     # The SDK never imports the queue service; the core imports only itself and the errors.
     ("preemptible/runtime", ("preemptible.queue.service",)),
@@ -34,7 +34,8 @@ RULES = (  # (files under, imports that start with any of these are forbidden)
                                 "socket", "http", "urllib", "sqlite3", "threading", "asyncio",
                                 "subprocess", "multiprocessing", "concurrent", "signal")),
 )  # fmt: skip
-ADAPTERS = ("preemptible/lightning.py", "preemptible/accelerate.py", "examples")
+ADAPTERS = ("preemptible/lightning.py", "preemptible/accelerate.py", "preemptible/transformers.py",
+            "examples")  # fmt: skip
 
 
 def imports(path: Path, root: Path) -> list[tuple[str, str]]:

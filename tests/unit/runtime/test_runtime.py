@@ -223,6 +223,25 @@ def test_a_loop_steps_does_not_run_drives_context_with_start_step_done_and_save(
     again.close()
 
 
+def test_agree_leaves_the_stop_to_the_caller_which_stop_then_saves_and_exits(tmp_path):
+    # For a framework whose save point comes later in its step than the step's end.
+    ctx = Context(tmp_path, every_steps=2, async_save=False)
+    ctx.register(model=torch.nn.Linear(2, 1))
+    ctx.start()
+    assert ctx.agree(0) is False
+    assert ctx.agree(1) is False  # every_steps=2: saves step 1, as step_done does
+    assert [i.step for i in Checkpointer(tmp_path).list()] == [1]
+    with pytest.raises(ConfigError, match="follows an agree"):
+        ctx.stop(2)  # no notice agreed on
+    ctx.guard.request("test")
+    assert ctx.agree(2) is True and ctx.should_stop
+    assert Checkpointer(tmp_path).latest().step == 1  # nothing saved yet: the caller's turn
+    with pytest.raises(SystemExit) as exit_:
+        ctx.stop(2)
+    assert exit_.value.code == 143 and Checkpointer(tmp_path).latest().step == 2
+    ctx.close()
+
+
 # --- resuming: nothing lost, nothing run twice, nothing misleading ---------------------------
 
 
