@@ -157,20 +157,24 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
+def _train(cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "train.py"],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.mark.timeout(180)
 def test_the_readme_training_loop_stops_on_sigterm_and_resumes_bit_exactly(tmp_path: Path) -> None:
     script = block("README.md", "readme-train")
     for run in ("once", "twice"):
         (tmp_path / run).mkdir()
         (tmp_path / run / "train.py").write_text(script)
-    once = subprocess.run(
-        [sys.executable, "train.py"],
-        cwd=tmp_path / "once",
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    once = _train(tmp_path / "once")
     assert once.returncode == 0 and once.stdout.startswith("loss "), once.stderr
 
     first = subprocess.Popen(
@@ -190,14 +194,7 @@ def test_the_readme_training_loop_stops_on_sigterm_and_resumes_bit_exactly(tmp_p
     if first.returncode == 0:
         pytest.skip("the loop finished before the signal arrived (a very fast machine)")
     assert first.returncode == 143 and "preempted: checkpointed step" in err, err
-    again = subprocess.run(
-        [sys.executable, "train.py"],
-        cwd=tmp_path / "twice",
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = _train(tmp_path / "twice")
     assert again.returncode == 0, again.stderr
     assert again.stdout == once.stdout, "the resumed run ends where the uninterrupted one did"
 
