@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from tests.doc_blocks import block
 
-pytest.importorskip("accelerate")
+accelerate = pytest.importorskip("accelerate")
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).parent / "scripts" / "accelerate_page"
@@ -69,10 +69,12 @@ def _final_files(workdir: Path) -> dict[str, object]:
 
 
 def _stopped_and_resumed(workdir: Path, *launch: str, kill_at: int, **env: str) -> int:
-    """Stop the run after step ``kill_at`` (or, through a launcher, a step or so later), resume
-    it with the same command; the step it stopped at."""
+    """Stop the run after step ``kill_at``, resume it with the same command; the step it
+    stopped at."""
     stopped = _run(workdir, *launch, kill_at=kill_at, **env)
-    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    # Before 1.16 the torchrun launcher exits 1 on a SIGTERM (its processes still exit 143).
+    exits_143 = not launch or Version(accelerate.__version__) >= Version("1.16")
+    assert stopped.returncode == (143 if exits_143 else 1), stopped.stderr[-3000:]
     said = re.findall(
         r"^preempted: checkpointed step (\d+) \S+ s after the notice \(SIGTERM\) in "
         r"\S+/runs/acc/checkpoints; exiting with 143$",
@@ -82,7 +84,7 @@ def _stopped_and_resumed(workdir: Path, *launch: str, kill_at: int, **env: str) 
     processes = 2 if launch else 1
     assert len(said) == processes and len(set(said)) == 1, stopped.stderr[-3000:]
     step = int(said[0])
-    assert kill_at <= step <= kill_at + 2, "at the next step boundary"
+    assert step == kill_at, "at the step boundary after the notice"
     resumed = _run(workdir, *launch, **env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f" at step {step}\n" in resumed.stderr, resumed.stderr[-3000:]

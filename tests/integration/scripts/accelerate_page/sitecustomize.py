@@ -8,13 +8,15 @@ printed:
   ``PREFIX<process index>``: which batch the step read.
 - ``PAGE_KILL_AT=STEP``: after that step, process 0 sends a real SIGTERM, before the loop asks
   for the next batch (where the notice is acted on): to itself when it runs alone, to its
-  launcher (``accelerate launch``, which passes it on to every process) when it has one.
+  launcher (``accelerate launch``, which passes it on to every process) when it has one, and
+  then waits 2 s for it to arrive, so that the processes stop after this step, not some later.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,8 +34,11 @@ def _install(trace: str | None, kill_at: int) -> None:
                 with open(f"{trace}{rank}", "a") as f:
                     f.write(f"{self.global_step} {float(batch[0].sum())!r}\n")
             if self.global_step == kill_at and rank == 0:
-                launched = "WORLD_SIZE" in os.environ
-                os.kill(os.getppid() if launched else os.getpid(), signal.SIGTERM)
+                if "WORLD_SIZE" not in os.environ:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                else:  # wait here for the launcher to pass it on, so the stop is this step's
+                    os.kill(os.getppid(), signal.SIGTERM)
+                    time.sleep(2)
 
     PreemptibleAccelerator.batches = traced  # type: ignore[method-assign]
 
