@@ -11,8 +11,8 @@ Two objects, used together (`docs/ways-in/lightning.md`):
   of the batch in which the notice arrived (all ranks agreeing), and exits with ``128 + signum``.
   ``trainer.fit(model, ckpt_path=callback.resume_path())`` is the same line on the first run and
   on every restart: it is None until a checkpoint exists, then the newest valid one. A resume
-  logs "resumed from step N at PATH"; a finished run started again exits 0 after "already
-  complete at step N" (`AlreadyComplete`).
+  says "resuming from PATH at step N" (`announce`); a finished run started again exits 0 after
+  "already complete at step N" (`AlreadyComplete`).
 
 Mid-epoch resume at the right batch needs a resumable data loader (torchdata's
 ``StatefulDataLoader``): Lightning saves its state in the loop state and restores it.
