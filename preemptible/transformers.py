@@ -37,13 +37,11 @@ import dataclasses
 import json
 import logging
 import os
-import random
 import shutil
 import tempfile
 import warnings
 from typing import Any, NoReturn
 
-import numpy as np
 import torch
 
 from preemptible import (
@@ -52,6 +50,7 @@ from preemptible import (
     ConfigError,
     Context,
     PreemptibleWarning,
+    RNGState,
     StateMismatchError,
     announce,
     forget_process_groups,
@@ -290,7 +289,7 @@ class TrainerPreemptionCallback(TrainerCallback):
             self._originals["_load_rng_state"](checkpoint)
             return
         if self._resumed is not None:  # the Trainer loads them once, at its loop's moment
-            _set_rng_states(self._resumed["rng"], self.trainer.args)
+            RNGState().load_state_dict(self._resumed["rng"])
             self._resumed = None
 
     def _remove_folder(self) -> None:
@@ -436,7 +435,7 @@ class _TrainerState:
         state: dict[str, Any] = {
             "step": int(trainer.state.global_step),
             "world_size": int(args.world_size),
-            "rng": _rng_states(args),
+            "rng": RNGState().state_dict(),
         }
         if args.process_index == 0:
             weights, tied = _untied(trainer.model.state_dict())
@@ -473,35 +472,6 @@ def _untied(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], 
             seen[view] = name
             kept[name] = tensor
     return kept, tied
-
-
-def _rng_states(args: Any) -> dict[str, Any]:
-    """This process's RNG states, as ``Trainer._save_rng_state`` takes them."""
-    states: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "cpu": torch.random.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        if args.parallel_mode == ParallelMode.DISTRIBUTED:
-            states["cuda"] = torch.cuda.random.get_rng_state_all()
-        else:
-            states["cuda"] = torch.cuda.random.get_rng_state()
-    return states
-
-
-def _set_rng_states(saved: dict[str, Any], args: Any) -> None:
-    """Put back what `_rng_states` took, as ``Trainer._load_rng_state`` does."""
-    version, internal, gauss = saved["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = saved["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.random.set_rng_state(saved["cpu"])
-    if torch.cuda.is_available() and "cuda" in saved:
-        if args.parallel_mode == ParallelMode.DISTRIBUTED:
-            torch.cuda.random.set_rng_state_all(saved["cuda"])
-        else:
-            torch.cuda.random.set_rng_state(saved["cuda"])
 
 
 def _trainer_state_json(trainer: Any) -> str:
