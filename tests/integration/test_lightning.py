@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from preemptible import Checkpointer
+from tests.helpers import assert_same
 from tests.polling import wait_until
 
 pytest.importorskip("lightning")
@@ -112,22 +112,6 @@ def _final(workdir: Path, rank: int = 0) -> tuple[int, dict]:
     return info.step, store.load()
 
 
-def _assert_bitwise_equal(a: object, b: object, where: str = "state") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
-        assert torch.equal(a, b), f"{where} differs"
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), where
-        for k in a:
-            _assert_bitwise_equal(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), where  # type: ignore[arg-type]
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _assert_bitwise_equal(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     workdir = tmp_path_factory.mktemp("uninterrupted")
@@ -155,7 +139,7 @@ def test_under_slurm_auto_requeue_our_handler_wins_on_sigusr1(
     assert Checkpointer(tmp_path / "ckpt" / "preempted.ckpt").latest() is not None
     done = _run(tmp_path, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    _assert_bitwise_equal(_final(tmp_path)[1], reference)
+    assert_same(_final(tmp_path)[1], reference)
 
 
 def test_two_tiers_sigterm_commits_locally_uploads_and_resumes_on_another_node_bitwise(
@@ -179,6 +163,6 @@ def test_two_tiers_sigterm_commits_locally_uploads_and_resumes_on_another_node_b
     assert done.returncode == 0, done.stdout + done.stderr
     step, state = _final(tmp_path)
     assert step == TOTAL
-    _assert_bitwise_equal(state, reference)
+    assert_same(state, reference)
     last = Checkpointer(tmp_path / "ckpt" / "last.ckpt").latest()
     assert last is not None and last.metadata["global_step"] == TOTAL, "fit waited for it"

@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.doc_blocks import block
+from tests.helpers import assert_same
 
 pytest.importorskip("lightning")
 
@@ -68,21 +68,6 @@ def _final(workdir: Path) -> dict:
     return {"weights": state["state_dict"], "optimizer": state["optimizer_states"]}
 
 
-def _assert_bitwise_equal(a: object, b: object, where: str = "state") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), f"{where} differs"
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), where
-        for k in a:
-            _assert_bitwise_equal(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list | tuple):
-        assert isinstance(b, list | tuple) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _assert_bitwise_equal(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
 def _stop(workdir: Path, *args: str, kill_at: int) -> str:
     stopped = _run(workdir, *args, kill_at=kill_at)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
@@ -109,7 +94,7 @@ def test_page_script_sigterm_mid_epoch_resumes_bitwise(tmp_path: Path, uninterru
     said = f"preemptible: resuming from {CKPT / 'preempted.ckpt'} at step {STEPS_PER_EPOCH + 9}"
     assert said in resumed.stderr
     assert _trace(tmp_path) == _trace(uninterrupted), "a batch read or drew something else"
-    _assert_bitwise_equal(_final(tmp_path), _final(uninterrupted))
+    assert_same(_final(tmp_path), _final(uninterrupted))
 
 
 def test_page_script_corrupt_preemption_save_falls_back_to_end_of_epoch_bitwise(
@@ -129,7 +114,7 @@ def test_page_script_corrupt_preemption_save_falls_back_to_end_of_epoch_bitwise(
     assert "skipping" in resumed.stderr and "preempted.ckpt" in resumed.stderr
     assert f"resuming from {CKPT / 'last.ckpt'} at step {STEPS_PER_EPOCH}" in resumed.stderr
     assert _trace(tmp_path) == _trace(uninterrupted), "a batch read or drew something else"
-    _assert_bitwise_equal(_final(tmp_path), _final(uninterrupted))
+    assert_same(_final(tmp_path), _final(uninterrupted))
 
 
 def test_page_script_ddp_on_two_processes_resumes_bitwise(
@@ -150,4 +135,4 @@ def test_page_script_ddp_on_two_processes_resumes_bitwise(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     for rank in (0, 1):
         assert _trace(workdir, rank) == _trace(reference, rank), f"rank {rank}"
-    _assert_bitwise_equal(_final(workdir), _final(reference))
+    assert_same(_final(workdir), _final(reference))
