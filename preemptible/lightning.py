@@ -61,13 +61,14 @@ from preemptible import (
 )
 
 try:
+    import lightning.fabric.utilities.data as fabric_data
     import lightning.pytorch as pl
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
-    from lightning.fabric.utilities.data import _set_sampler_epoch
     from lightning.pytorch.callbacks import Callback
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise BackendNotInstalledError(
-        "preemptible.lightning needs Lightning: pip install 'preemptible[lightning]'"
+        "preemptible.lightning needs Lightning: pip install 'preemptible[lightning]'",
+        extra="lightning",
     ) from error
 
 __all__ = ["PreemptibleCheckpointIO", "PreemptionCallback"]
@@ -592,7 +593,8 @@ def _realign(trainer: pl.Trainer, resumed: _Resumed, loader_states: list[dict[st
     fit_loop = trainer.fit_loop
     loader = getattr(fit_loop, "_combined_loader", None)
     fetcher = getattr(fit_loop, "_data_fetcher", None)
-    if loader is None or fetcher is None:  # a Lightning whose loop we do not know
+    set_sampler_epoch = getattr(fabric_data, "_set_sampler_epoch", None)
+    if loader is None or fetcher is None or set_sampler_epoch is None:  # a Lightning unknown
         warnings.warn(
             "cannot realign the data loader with this Lightning version; restoring the RNG "
             "states only (the data order after the resume may differ)",
@@ -604,7 +606,7 @@ def _realign(trainer: pl.Trainer, resumed: _Resumed, loader_states: list[dict[st
     # Lightning's own epoch number for set_epoch (typed as the base tracker, it has `processed`)
     epoch = fit_loop.epoch_progress.current.processed  # type: ignore[attr-defined]
     for dataloader in loader.flattened:
-        _set_sampler_epoch(dataloader, epoch)
+        set_sampler_epoch(dataloader, epoch)
     loader._load_state_dicts(loader_states)
     iter(fetcher)
     RNGState().load_state_dict(resumed.rng)
