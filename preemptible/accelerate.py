@@ -71,7 +71,8 @@ try:
     from accelerate.utils import DistributedType  # type: ignore[import-untyped]
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise BackendNotInstalledError(
-        "preemptible.accelerate needs Accelerate: pip install 'preemptible[accelerate]'"
+        "preemptible.accelerate needs Accelerate: pip install 'preemptible[accelerate]'",
+        extra="accelerate",
     ) from error
 
 __all__ = ["PreemptibleAccelerator"]

@@ -64,7 +64,8 @@ try:
     from transformers.training_args import ParallelMode
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise BackendNotInstalledError(
-        "preemptible.transformers needs transformers: pip install 'preemptible[transformers]'"
+        "preemptible.transformers needs transformers: pip install 'preemptible[transformers]'",
+        extra="transformers",
     ) from error
 
 __all__ = ["TrainerPreemptionCallback"]
