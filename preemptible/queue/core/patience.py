@@ -105,10 +105,10 @@ class ReclaimPatience:
     def patience_s(self) -> float:
         """How long after its submission a job within nominal quota may wait before reclaiming."""
         if self._patience_s is None:
-            settings = self.settings
+            settings, index = self.settings, self.st.victim_index
             longest = max(
                 (
-                    victim_grace_s(rj.job, self.policy, settings)
+                    index.facts(rj, self.policy, settings).grace_s
                     for name, running in self.st.running_by_queue.items()
                     if is_borrowing(self.st.queues[name], self.alloc[name])
                     for rj in running.values()
@@ -133,7 +133,8 @@ class ReclaimPatience:
             return None
         if job.queue not in self.queue_grace:
             running = self.st.running_by_queue.get(job.queue, {}).values()
-            graces = (victim_grace_s(rj.job, self.policy, self.settings) for rj in running)
+            index = self.st.victim_index
+            graces = (index.facts(rj, self.policy, self.settings).grace_s for rj in running)
             self.queue_grace[job.queue] = max(graces, default=0.0)
         queue_grace = max(self.queue_grace[job.queue], self.admitted_grace.get(job.queue, 0.0))
         if queue_grace > self.longest_victim_grace:

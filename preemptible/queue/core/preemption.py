@@ -57,6 +57,7 @@ from preemptible.queue.core.quota import (
 )
 from preemptible.queue.core.resources import Amounts
 from preemptible.queue.core.state import ClusterState
+from preemptible.queue.core.victim_index import Price
 from preemptible.queue.core.victim_sets import Candidate, Victim, VictimPlan, cheapest_set
 
 __all__ = [
@@ -121,16 +122,6 @@ def queue_budget_left(
 def min_runtime_end(rj: RunningJob, settings: PreemptionSettings) -> float:
     """When `rj` has run its negotiated minimum runtime (before that, only reclaim takes it)."""
     return rj.started_at + min_runtime_seconds(rj.job.save_s, rj.job.restore_s, settings)
-
-
-class Price(NamedTuple):
-    """What preempting a running job now costs; the same whoever the preemptor is."""
-
-    order: tuple[float | str, ...]
-    lost_gpu_s: float
-    grace_s: float
-    shrinking_to: int | None = None
-    """The size a shrink under way takes it to (`Candidate.shrinking_to`); None: none is."""
 
 
 class _Scope(NamedTuple):
@@ -352,6 +343,7 @@ class VictimSearch:
             QuotaVerdict.BORROWING
         )
         found: list[Candidate] = []
+        index = self.state.victim_index
         for vq, running in self.state.running_by_queue.items():
             borrowing = scope.borrowing[vq]
             reclaim_q = scope.reclaim and borrowing and vq != job.queue
@@ -373,7 +365,7 @@ class VictimSearch:
                 tier_ok = tier_q and vjob.tier.rank < rank
                 loan_ok = loan_q and _on_loan_to(rj, job)
                 if (tier_ok or loan_ok) and policy.protect_min_runtime:
-                    ran_enough = now >= min_runtime_end(rj, settings)
+                    ran_enough = now >= index.facts(rj, policy, settings).min_runtime_end
                     tier_ok, loan_ok = tier_ok and ran_enough, loan_ok and ran_enough
                 if tier_ok and policy.anti_thrashing:
                     tier_ok = not in_cooldown(vjob, now, settings)
@@ -405,25 +397,22 @@ class VictimSearch:
         return found
 
     def _price(self, rj: RunningJob) -> Price:
-        """The price of preempting `rj` now (cached for the cycle)."""
+        """The price of preempting `rj` now (cached for the cycle; its parts that do not change
+        while it runs are kept between cycles, `victim_index.py`)."""
         price = self._prices.get(rj.job.id)
         if price is None:
-            vjob = rj.job
-            grace = victim_grace_s(vjob, self.policy, self.settings)
-            lost = lost_gpu_seconds(rj, self.now, grace, self.settings)
             # A job whose shrink is under way may still be evicted (never shrunk again): work
             # within nominal quota must not wait for that save before it may reclaim. It loses
             # what an eviction of all it holds loses and frees what the shrink keeps.
-            shrinking = self.state.shrinking.get(vjob.id)
-            to = None if shrinking is None else shrinking[0]
-            order: tuple[float | str, ...]
-            rank = self.state.victim_rank.get(vjob.id, 0)  # frees a whole island: first
-            if self.policy.victim_order is VictimOrder.LOWEST_PRIORITY_NEWEST:
-                order = (vjob.tier.rank, rank, -rj.started_at, vjob.id)
-            else:
-                freed = rj.size if to is None else to
-                order = (lost / max(freed, 1), lost, rank, -rj.started_at, vjob.id)
-            price = self._prices[vjob.id] = Price(order, lost, grace, to)
+            shrinking = self.state.shrinking.get(rj.job.id)
+            price = self._prices[rj.job.id] = self.state.victim_index.price(
+                rj,
+                self.now,
+                self.state.victim_rank.get(rj.job.id, 0),  # 0 frees a whole island: first
+                None if shrinking is None else shrinking[0],
+                self.policy,
+                self.settings,
+            )
         return price
 
 

@@ -25,6 +25,7 @@ from preemptible.queue.core import elastic
 from preemptible.queue.core.model import Cluster, Job, Queue, Resources, RunningJob, SearchKey
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.resources import Amounts
+from preemptible.queue.core.victim_index import VictimIndex
 
 GroupKey = tuple[str, int, int, float, float]
 """(queue, tier rank, gpus, cpus, memory) of a pending group (`group_key`)."""
@@ -109,6 +110,9 @@ class ClusterState:
         """Running job id -> 0 when its going would free a whole NVLink island, else 1: among
         victims that lose as much, the first go first (set by the shell before each cycle,
         `topology.py`; empty: all alike)."""
+        self.victim_index = VictimIndex()
+        """Running job id -> what pricing it as a victim needs that stays the same while it
+        runs, kept between cycles (`victim_index.py`)."""
 
     # --- pending ------------------------------------------------------------------------------
 
@@ -230,6 +234,7 @@ class ClusterState:
         running = self.running.pop(job_id)
         job = running.job
         del self.running_by_queue[job.queue][job_id]
+        self.victim_index.drop(job_id)
         r = running.held
         self.alloc[job.queue].add(r, -1)
         self.used.add(r, -1)
