@@ -16,6 +16,7 @@ import math
 import time
 
 from preemptible.queue.core import POLICIES, parse_config_text
+from preemptible.queue.quiet_gc import quieter_collections
 from preemptible.sim import Simulator, summarize
 from preemptible.sim.synth import generate, synth_config
 
@@ -53,7 +54,8 @@ def main() -> None:
     goal = goal_s(len(jobs))
     for name in names:
         t = time.perf_counter()
-        result = Simulator(jobs, cfg, POLICIES[name]).run()
+        with quieter_collections():  # as `preemptible sim` runs it
+            result = Simulator(jobs, cfg, POLICIES[name]).run()
         wall = time.perf_counter() - t
         o = summarize(result)["overall"]
         print(

@@ -176,6 +176,7 @@ def run_sim(
     """
     from preemptible.errors import ConfigError
     from preemptible.queue.core import POLICIES, parse_config_text, parse_duration
+    from preemptible.queue.quiet_gc import quieter_collections
     from preemptible.sim import SimOptions, Simulator, read_trace, summarize
     from preemptible.sim.failures import FailureRates
     from preemptible.sim.gpu_ids import NodeTopology
@@ -219,7 +220,7 @@ def run_sim(
     if options.node_topology.on:
         options.node_topology.check(cfg.cluster)  # before any simulation runs
         report["node_topology"] = topology_settings(options.node_topology)
-    with _progress(quiet) as bar:
+    with quieter_collections(), _progress(quiet) as bar:  # the trace lives as long as the run
         for name in names:
             task = bar.add_task(name, total=len(jobs)) if bar else None
 

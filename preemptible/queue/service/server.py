@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import gc
 import logging
 import os
 import socket
@@ -22,6 +21,7 @@ from fastapi import FastAPI
 from preemptible._env_names import LOG_LEVEL_ENV
 from preemptible.errors import ConfigError
 from preemptible.queue.core import QueueConfig, parse_config_text
+from preemptible.queue.quiet_gc import quiet_garbage_collector
 from preemptible.queue.service.connections import (
     ConnectionLimits,
     connection_limits,
@@ -156,7 +156,8 @@ def run_server(
     if dumpable:
         log.warning("cannot make this process undumpable (no prctl): its user can read its memory")
     server = _StoppingServer(uvicorn_config(app, limits, host=host, port=port), manager)
-    _quiet_garbage_collector()
+    # Collections were the tail of the submission latency (gc-while-serving.md).
+    quiet_garbage_collector()
     manager.start()
     log.info("job containment in force: %s", manager.executor.containment.why)
     log.info("GPU placement: %s", manager.runs.topology.describe())
@@ -197,19 +198,6 @@ def uvicorn_config(
         timeout_keep_alive=keep_alive_seconds(limits),
         **options,  # type: ignore[arg-type]
     )
-
-
-GC_THRESHOLDS = (10_000, 20, 20)
-"""The collector's generation thresholds while serving (Python's default is (700, 10, 10))."""
-
-
-def _quiet_garbage_collector() -> None:
-    """Fewer, shorter collections: what exists after start-up (the modules, the recovered
-    jobs) is frozen out of every collection, and the youngest generation is collected after
-    10,000 allocations rather than 700. Collections were the tail of the submission latency
-    (docs/internals/gc-while-serving.md)."""
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 class _StoppingServer(uvicorn.Server):
