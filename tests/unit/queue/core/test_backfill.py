@@ -1,11 +1,14 @@
 """The reservation's plan by node and the per-node backfill test (backfill.py)."""
 
 import dataclasses
+import heapq
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from preemptible.queue.core import POLICIES
-from preemptible.queue.core.backfill import may_backfill, plan_reservation
+from preemptible.queue.core import POLICIES, Resources
+from preemptible.queue.core.backfill import Release, _merged, may_backfill, plan_reservation
 from preemptible.queue.core.negotiation import min_runtime_seconds
 from preemptible.queue.core.preemption import loans_due
 from preemptible.queue.core.resources import Amounts
@@ -170,3 +173,17 @@ def test_a_loan_expected_to_end_before_it_is_due_frees_its_gpus_at_its_end():
     for loans in (False, True):
         res = plan(cfg, busy, head, now=10.0, loans=loans)
         assert (res.start_at, res.node_spare) == (pytest.approx(50.0), {0: 0})
+
+
+@given(
+    first=st.lists(st.integers(0, 20), max_size=30).map(sorted),
+    extra=st.lists(st.integers(0, 20), max_size=6).map(sorted),
+)
+def test_the_releases_merge_as_heapq_merge_does(first, extra):
+    # Ties decide which node a reservation drains: running jobs' ends come before the rest's.
+    def releases(times, tag):
+        return [Release(float(t), Resources(gpus=1), ((i, 1),), tag) for i, t in enumerate(times)]
+
+    a, b = releases(first, True), releases(extra, False)
+    expected = list(heapq.merge(a, b, key=lambda r: r.at))
+    assert list(_merged(iter(a), b)) == expected
