@@ -343,7 +343,8 @@ class VictimSearch:
             QuotaVerdict.BORROWING
         )
         found: list[Candidate] = []
-        index = self.state.victim_index
+        index, protect = self.state.victim_index, policy.protect_min_runtime
+        anti, cooldown = policy.anti_thrashing, settings.cooldown_s
         for vq, running in self.state.running_by_queue.items():
             borrowing = scope.borrowing[vq]
             reclaim_q = scope.reclaim and borrowing and vq != job.queue
@@ -358,41 +359,48 @@ class VictimSearch:
                 tier_q = queue_budget_left(self.state, vq, now, settings, used) > 0
                 if not (taken_back or tier_q or loan_q):
                     continue
-            for rj in running.values():
-                vjob = rj.job
-                if rj.terminating or vjob.id in self.taken:
-                    continue
-                tier_ok = tier_q and vjob.tier.rank < rank
-                loan_ok = loan_q and _on_loan_to(rj, job)
-                if (tier_ok or loan_ok) and policy.protect_min_runtime:
-                    ran_enough = now >= index.facts(rj, policy, settings).min_runtime_end
-                    tier_ok, loan_ok = tier_ok and ran_enough, loan_ok and ran_enough
-                if tier_ok and policy.anti_thrashing:
-                    tier_ok = not in_cooldown(vjob, now, settings)
-                if not (taken_back or tier_ok or loan_ok):
-                    continue
-                # Another queue's borrowed work is the job's to reclaim whatever its tier: the
-                # guarantee, not the tier rules, says when it goes (`patience.py`).
-                kind: VictimKind = (
-                    "reclaim"
-                    if reclaim_q and not loan_ok
-                    else "tier"
-                    if tier_ok
-                    else "loan"
-                    if loan_ok
-                    else "beyond_limit"
-                )
-                price = self._price(rj)
-                found.append(
-                    Candidate(
-                        price.order,
-                        rj,
-                        price.lost_gpu_s,
-                        price.grace_s,
-                        kind,
-                        shrinking_to=price.shrinking_to,
+            # Jobs told to go are in no tier's list; a search for tier victims alone visits
+            # the tiers below the job's, one for loans too the job's own (`_on_loan_to`).
+            staying = self.state.staying[vq]
+            tiers = staying if taken_back else staying[: rank + 1 if loan_q else rank]
+            for by_id in tiers:
+                for rj in by_id.values():
+                    vjob = rj.job
+                    if vjob.id in self.taken:
+                        continue
+                    facts = index.facts(rj, policy, settings)
+                    tier_ok = tier_q and facts.tier_rank < rank
+                    loan_ok = loan_q and rj.loan_for == job.id and facts.tier_rank <= rank
+                    if (tier_ok or loan_ok) and protect:
+                        ran_enough = now >= facts.min_runtime_end
+                        tier_ok, loan_ok = tier_ok and ran_enough, loan_ok and ran_enough
+                    if tier_ok and anti:
+                        last = vjob.last_preempted_at  # `not in_cooldown(...)`, inlined
+                        tier_ok = last is None or now - last >= cooldown
+                    if not (taken_back or tier_ok or loan_ok):
+                        continue
+                    # Another queue's borrowed work is the job's to reclaim whatever its tier:
+                    # the guarantee, not the tier rules, says when it goes (`patience.py`).
+                    kind: VictimKind = (
+                        "reclaim"
+                        if reclaim_q and not loan_ok
+                        else "tier"
+                        if tier_ok
+                        else "loan"
+                        if loan_ok
+                        else "beyond_limit"
                     )
-                )
+                    price = self._price(rj)
+                    found.append(
+                        Candidate(
+                            price.order,
+                            rj,
+                            price.lost_gpu_s,
+                            price.grace_s,
+                            kind,
+                            shrinking_to=price.shrinking_to,
+                        )
+                    )
         found.sort(key=lambda c: c.order)
         return found
 

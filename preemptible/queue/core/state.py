@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 
 from preemptible.errors import ConfigError
 from preemptible.queue.core import elastic
-from preemptible.queue.core.model import Cluster, Job, Queue, Resources, RunningJob, SearchKey
+from preemptible.queue.core.model import (
+    Cluster,
+    Job,
+    Queue,
+    Resources,
+    RunningJob,
+    SearchKey,
+    Tier,
+)
 from preemptible.queue.core.placement import NodePool, Placement
 from preemptible.queue.core.resources import Amounts
 from preemptible.queue.core.victim_index import VictimIndex
@@ -70,6 +78,11 @@ class ClusterState:
         self.running: dict[str, RunningJob] = {}
         self.running_by_queue: dict[str, dict[str, RunningJob]] = {n: {} for n in self.queues}
         """The same running jobs, per queue (preemption scans only eligible queues)."""
+        self.staying: dict[str, tuple[dict[str, RunningJob], ...]] = {
+            n: tuple({} for _ in Tier) for n in self.queues
+        }
+        """Per queue and tier rank, its running jobs not told to go: those a victim search may
+        take, kept between cycles (a search for a tier visits the tiers below it alone)."""
         self.alloc: dict[str, Amounts] = {name: Amounts() for name in self.queues}
         """Per queue: GPUs, CPUs, memory held (terminating jobs included)."""
         self.used = Amounts()
@@ -149,9 +162,7 @@ class ClusterState:
         so that it cannot take them back as loans should it be preempted and requeued."""
         for loan_id in self.loans.pop(job_id, ()):
             running = self.running[loan_id]
-            ordinary = dataclasses.replace(running, loan_for=None)
-            self.running[loan_id] = ordinary
-            self.running_by_queue[running.job.queue][loan_id] = ordinary
+            self._put_running(dataclasses.replace(running, loan_for=None))
 
     def refresh(self, job: Job) -> None:
         """Replace a pending or running job's record by `job`, the same job with new facts
@@ -168,24 +179,30 @@ class ClusterState:
         running = self.running[job.id]
         if group_key(job) != group_key(running.job):
             raise ConfigError(f"job {job.id!r}: refresh may not change its queue, tier or request")
-        self._replace_running(dataclasses.replace(running, job=job))
+        self._put_running(dataclasses.replace(running, job=job))
 
     def checkpointed(self, job_id: str, at: float) -> None:
         """A running job reported a committed checkpoint at `at`: less work is at stake."""
         running = self.running[job_id]
-        self._replace_running(dataclasses.replace(running, last_checkpoint_at=at))
+        self._put_running(dataclasses.replace(running, last_checkpoint_at=at))
 
-    def _replace_running(self, running: RunningJob) -> None:
-        self.running[running.job.id] = running
-        self.running_by_queue[running.job.queue][running.job.id] = running
+    def _put_running(self, running: RunningJob) -> None:
+        """Record `running`, new or in place of the same job's record, in each view of them."""
+        job = running.job
+        self.running[job.id] = running
+        self.running_by_queue[job.queue][job.id] = running
+        staying = self.staying[job.queue][job.tier.rank]
+        if running.terminating:
+            staying.pop(job.id, None)
+        else:
+            staying[job.id] = running
 
     # --- running ------------------------------------------------------------------------------
 
     def start(self, running: RunningJob, *, expected_end: float) -> None:
         """Record that a job holds resources from now on."""
         job = running.job
-        self.running[job.id] = running
-        self.running_by_queue[job.queue][job.id] = running
+        self._put_running(running)
         r = running.held
         self.alloc[job.queue].add(r)
         self.used.add(r)
@@ -218,9 +235,7 @@ class ClusterState:
         if running.terminating:
             return
         self._end_shrink(job_id)
-        updated = dataclasses.replace(running, terminating=True)
-        self.running[job_id] = updated
-        self.running_by_queue[running.job.queue][job_id] = updated
+        self._put_running(dataclasses.replace(running, terminating=True))
         self.tier_gpus[running.job.tier.rank] -= running.size
         if running.loan_for is not None:
             self._unlend(running.loan_for, job_id)
@@ -234,6 +249,7 @@ class ClusterState:
         running = self.running.pop(job_id)
         job = running.job
         del self.running_by_queue[job.queue][job_id]
+        self.staying[job.queue][job.tier.rank].pop(job_id, None)
         self.victim_index.drop(job_id)
         r = running.held
         self.alloc[job.queue].add(r, -1)
@@ -274,7 +290,7 @@ class ClusterState:
         if running.terminating or job_id in self.shrinking:
             return
         job = dataclasses.replace(running.job, last_resized_at=at)
-        self._replace_running(dataclasses.replace(running, job=job))
+        self._put_running(dataclasses.replace(running, job=job))
         gone = running.held - job.at_size(gpus)
         self.shrinking[job_id] = (gpus, gone, elastic.released(running, gpus))
         self.tier_gpus[job.tier.rank] -= gone.gpus
@@ -324,7 +340,7 @@ class ClusterState:
                 self.node_jobs[node].discard(job_id)
             for node, _ in placement:
                 self.node_jobs[node].add(job_id)
-        self._replace_running(resized)
+        self._put_running(resized)
         return resized
 
     def _leave_nodes(self, placement: Placement, sign: int) -> None:

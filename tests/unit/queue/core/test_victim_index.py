@@ -2,6 +2,9 @@
 
 import dataclasses
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from preemptible.queue.core import POLICIES, schedule
 
 from .factories import config, job, running, snapshot
@@ -84,3 +87,42 @@ def test_a_new_save_cost_changes_the_grace_in_the_next_cycle():
     slower = snap.state.running["b-new"].job
     snap.state.refresh(dataclasses.replace(slower, save_s=100.0))  # a report: saves take 100 s
     assert [p.grace_s for p in schedule(snap, NOW, OURS, cfg).preempt] == [160.0]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["start", "start-leaving", "leave", "checkpoint", "finish"]),
+            st.integers(0, 7),  # which job
+            st.sampled_from(["low", "normal", "high", "critical"]),
+        ),
+        max_size=40,
+    )
+)
+def test_the_staying_lists_are_the_running_jobs_not_told_to_go(ops):
+    cfg = config(gpus=64, queues=TWO_QUEUES)
+    state = snapshot(cfg).state
+    for op, n, tier in ops:
+        jid = f"j{n}"
+        if op.startswith("start") and jid not in state.running:
+            j = job(jid, queue="ab"[n % 2], tier=tier)
+            state.start(running(j, terminating=op == "start-leaving"), expected_end=NOW)
+        elif jid in state.running and op == "leave":
+            state.mark_terminating(jid, expected_end=NOW)
+        elif jid in state.running and op == "checkpoint":
+            state.checkpointed(jid, NOW)
+        elif jid in state.running and op == "finish":
+            state.finish(jid)
+    expected = {
+        (rj.job.queue, rj.job.tier.rank, rj.job.id): rj
+        for rj in state.running.values()
+        if not rj.terminating
+    }
+    seen = {
+        (queue, rank, jid): rj
+        for queue, tiers in state.staying.items()
+        for rank, by_id in enumerate(tiers)
+        for jid, rj in by_id.items()
+    }
+    assert seen == expected
+    assert all(seen[k] is expected[k] for k in expected)  # the current record, not an old one
