@@ -95,8 +95,9 @@ class Checkpointer(CheckpointReader):
         max_workers: concurrent file writes and reads (default 4 locally, 16 elsewhere).
         stale_after_seconds: incomplete saves older than this are garbage-collected. It must be
             longer than any save takes, or a slow concurrent writer could lose its work.
-        async_mode: how ``save(blocking=False)`` captures the state: ``"auto"``, ``"copy"``
-            (reused staging buffer, pinned for GPU state) or ``"fork"`` (copy-on-write child).
+        async_mode: how ``save(blocking=False)`` captures the state: ``"copy"`` (a staging
+            buffer reused between saves, pinned for GPU state; what ``"auto"``, the default,
+            picks) or ``"fork"`` (a copy-on-write child; CPU state on a local disk).
         max_staging_bytes: a background save needing more snapshot memory than this is done
             synchronously instead (default: half of the memory available at the time).
         collective: in a torch.distributed job, whether every rank takes part in each save
@@ -505,18 +506,22 @@ class Checkpointer(CheckpointReader):
         self._maybe_clean_up(step)
 
     def _pick_async_mode(self, flat: Flattened) -> AsyncMode:
-        mode = self.async_mode
+        """``copy`` unless ``fork`` was asked for and applies (`async_save.py`: why ``auto``
+        copies)."""
+        if self.async_mode is not AsyncMode.FORK:
+            return AsyncMode.COPY
         fork_ok = (
             fork_supported()
             and self._uploader is None  # no fork beside the uploader's thread and its locks
             and self._storage.commit_mode is CommitMode.RENAME
             and all_on_cpu(flat.arrays)
         )
-        if mode is AsyncMode.FORK and not fork_ok:
+        if not fork_ok:
             log.warning(
                 "async_mode='fork' needs CPU state on a local disk under Linux; copying instead"
             )
-        return AsyncMode.FORK if mode is not AsyncMode.COPY and fork_ok else AsyncMode.COPY
+            return AsyncMode.COPY
+        return AsyncMode.FORK
 
     def _staging_cap(self) -> int:
         if self.max_staging_bytes is not None:

@@ -112,3 +112,13 @@ def test_the_staging_buffer_is_reused_between_saves(tmp_path):
     buffer = ckpt._staging._buffer
     ckpt.save(2, make_state(2, mib=1.0), blocking=False).wait()
     assert ckpt._staging._buffer is buffer
+
+
+def test_the_default_mode_copies_cpu_state_on_a_local_disk(tmp_path):
+    # A step rewrites the whole state: under fork the kernel would copy it page by page anyway
+    # (async_save.py says why the default copies).
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    handle = ckpt.save(1, make_state(1, mib=1.0), blocking=False)
+    assert handle.mode == "copy"
+    handle.wait()
+    assert ckpt._staging.capacity >= 1 << 20  # into the reused staging buffer
