@@ -172,11 +172,15 @@ def _plan_nodes(
     need = drain.plan(range(len(drain.avail))) if drain.may_fit() else None
     ends = iter(releases)
     pending = next(ends, None)
+    gang = drain.whole > 0  # plans over every node: no need to know which were touched
+    touched: set[int] = set()
     while need is None and pending is not None:
         t = max(now, pending.at)
-        touched: set[int] = set()
+        touched.clear()
         while pending is not None and max(now, pending.at) == t:
-            touched.update(drain.release(pending, now=t == now))
+            drain.release(pending, now=t == now)
+            if not gang:
+                touched.update(n for n, _ in pending.placement)
             pending = next(ends, None)
         if drain.may_fit():
             need = drain.plan(touched)
@@ -218,19 +222,20 @@ class _NodeDrain:
     def _preference(self, n: int) -> tuple[int, int]:
         return (-self.ready[n], n)
 
-    def release(self, release: Release, *, now: bool) -> list[int]:
-        """Free `release`'s GPUs (`now`: it comes back now); returns the nodes touched."""
+    def release(self, release: Release, *, now: bool) -> None:
+        """Free `release`'s GPUs (`now`: it comes back now)."""
+        avail, counts, per, rest = self.avail, self.counts, self.per, self.rest
         for n, g in release.placement:
-            if self.whole:
-                self.counts[self._kind(n)] -= 1
-            self.avail[n] += g
-            if self.whole:
-                self.counts[self._kind(n)] += 1
+            if self.whole:  # `_kind` before and after, inline: thousands of ends a walk
+                free = avail[n]
+                counts[2 if free == per else 1 if rest and free >= rest else 0] -= 1
+                free += g
+                counts[2 if free == per else 1 if rest and free >= rest else 0] += 1
+            avail[n] += g
             if release.certain:
                 self.sure[n] += g
                 if now:
                     self.ready[n] += g
-        return [n for n, _ in release.placement]
 
     def may_fit(self) -> bool:
         """Whether a plan is worth looking for: always for a single-node head; for a gang, once

@@ -345,6 +345,7 @@ class VictimSearch:
         found: list[Candidate] = []
         index, protect = self.state.victim_index, policy.protect_min_runtime
         anti, cooldown = policy.anti_thrashing, settings.cooldown_s
+        taken, prices = self.taken, self._prices
         for vq, running in self.state.running_by_queue.items():
             borrowing = scope.borrowing[vq]
             reclaim_q = scope.reclaim and borrowing and vq != job.queue
@@ -363,16 +364,16 @@ class VictimSearch:
             # the tiers below the job's, one for loans too the job's own (`_on_loan_to`).
             staying = self.state.staying[vq]
             tiers = staying if taken_back else staying[: rank + 1 if loan_q else rank]
-            for by_id in tiers:
+            for tier_rank, by_id in enumerate(tiers):
+                tier_r = tier_q and tier_rank < rank
+                loan_r = loan_q and tier_rank <= rank
                 for rj in by_id.values():
                     vjob = rj.job
-                    if vjob.id in self.taken:
+                    if vjob.id in taken:
                         continue
-                    facts = index.facts(rj, policy, settings)
-                    tier_ok = tier_q and facts.tier_rank < rank
-                    loan_ok = loan_q and rj.loan_for == job.id and facts.tier_rank <= rank
+                    tier_ok, loan_ok = tier_r, loan_r and rj.loan_for == job.id
                     if (tier_ok or loan_ok) and protect:
-                        ran_enough = now >= facts.min_runtime_end
+                        ran_enough = now >= index.facts(rj, policy, settings).min_runtime_end
                         tier_ok, loan_ok = tier_ok and ran_enough, loan_ok and ran_enough
                     if tier_ok and anti:
                         last = vjob.last_preempted_at  # `not in_cooldown(...)`, inlined
@@ -390,17 +391,9 @@ class VictimSearch:
                         if loan_ok
                         else "beyond_limit"
                     )
-                    price = self._price(rj)
-                    found.append(
-                        Candidate(
-                            price.order,
-                            rj,
-                            price.lost_gpu_s,
-                            price.grace_s,
-                            kind,
-                            shrinking_to=price.shrinking_to,
-                        )
-                    )
+                    price = prices.get(vjob.id) or self._price(rj)
+                    order, lost, grace, to = price
+                    found.append(Candidate(order, rj, lost, grace, kind, None, to))
         found.sort(key=lambda c: c.order)
         return found
 

@@ -235,10 +235,13 @@ class _Borrowed:
         return ok
 
 
-def _tally(taken: dict[str, Amounts], c: Candidate, sign: int) -> None:
+def _tally(
+    taken: dict[str, Amounts], c: Candidate, sign: int, leaves: Resources | None = None
+) -> None:
     """Add (sign 1) or remove (-1) `c` from what victims take per queue (what it borrows is
-    judged without what is leaving already, `Candidate.leaves`)."""
-    taken.setdefault(c.running.job.queue, Amounts(0.0, 0.0, 0.0)).add(c.leaves(), sign)
+    judged without what is leaving already, `Candidate.leaves`; `leaves`: that, if known)."""
+    amount = c.leaves() if leaves is None else leaves
+    taken.setdefault(c.running.job.queue, Amounts(0.0, 0.0, 0.0)).add(amount, sign)
 
 
 def _all_allowed(
@@ -274,7 +277,8 @@ class _Freed:
         self.all.add(frees, sign)
         if c.running.job.queue == self.own_queue:
             self.own.add(frees, sign)
-        _tally(self.taken, c, sign)
+        # What it leaves is what it frees unless a shrink of it is under way (`leaves`).
+        _tally(self.taken, c, sign, frees if c.shrinking_to is None else None)
 
 
 def _greedy(
