@@ -62,8 +62,9 @@ demo: demo-venv
 demo-checkpoint: demo-venv
 	$(PY) examples/checkpoint_demo.py
 
+# Every benchmark in turn, then each ratio against its peer or goal in one table (~15 min).
 bench: venv
-	$(PY) benchmarks/save_restore.py
+	$(PY) benchmarks/summary.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .mypy_cache

@@ -46,6 +46,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 sys.path.insert(0, str(Path(__file__).parent))
+from ratios import record
 from save_restore import make_state
 
 from preemptible import Checkpointer
@@ -183,6 +184,12 @@ def main() -> None:
             print(f"{shape.name:11} {'no save':10} {base:7.3f}")
             for n, (took, stalls) in results.items():
                 stall = statistics.median(stalls)
+                if n not in ("dcp async", "ours sync"):
+                    measure = f"{shape.name}: {n[5:]} cost/save, run {run}"
+                    record("async", measure, cost[n], cost["dcp async"], "DCP async_save", goal=1.0)
+                if n == "ours auto":
+                    measure = f"{shape.name}: auto stall, run {run}"
+                    record("async", measure, stall, sync_stall, "our blocking save", goal=0.05)
                 print(
                     f"{'':11} {n:10} {took:7.3f} {stall:8.3f} {stall / sync_stall:10.1%}"
                     f" {cost[n]:12.3f} {cost[n] / max(cost['dcp async'], 1e-9):12.2f}x"

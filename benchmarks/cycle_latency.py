@@ -23,6 +23,8 @@ import resource
 import statistics
 import time
 
+from ratios import record
+
 from preemptible.queue.core import (
     POLICIES,
     Job,
@@ -180,6 +182,9 @@ def main() -> None:
             f"{m['admitted']:>7}{m['preempted']:>8}{m['moved']:>7}{m['peak_rss_mib']:>7.0f}MiB",
             flush=True,
         )
+        size = f"{args.pending // 1000:,}k/{args.running // 1000:,}k"
+        what = f"cycle p99 {size}, {label.split(' (')[0]}"
+        record("cycle", what, m["p99_ms"], goal, "goal", unit="ms", goal=1.0)
     print(f"goal: p99 < {goal:.0f} ms (ratio < 1.00x); peak RSS is the process's so far")
 
 

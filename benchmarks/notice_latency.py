@@ -24,6 +24,9 @@ from pathlib import Path
 
 from preemptible import Checkpointer
 
+sys.path.insert(0, str(Path(__file__).parent))
+from ratios import record
+
 CHILD = """
 import sys, time, torch
 from preemptible import Context, preemptible
@@ -88,6 +91,14 @@ def main() -> None:
     )
     print(
         f"notice -> checkpoint committed {committed:.3f} s; bound step+save {bound:.3f} s; ratio {committed / bound:.2f}"
+    )
+    record(
+        "notice",
+        "notice -> checkpoint committed",
+        committed,
+        bound,
+        "one step + one save",
+        goal=1.0,
     )
     print(
         f"notice -> process exit {latency:.3f} s; a bare python+torch exit with this state takes {bare:.3f} s"

@@ -22,6 +22,7 @@ import argparse
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -33,6 +34,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from preemptible import Checkpointer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ratios import record
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
@@ -197,7 +201,7 @@ def main() -> None:
 
     gb = size / 1e9
 
-    def table(title: str, times: dict[str, list[float]]) -> None:
+    def table(title: str, times: dict[str, list[float]], kind: str) -> None:
         print(f"\n{title} (median of {args.repeat}; GB/s = 1e9 bytes/s)")
         print(f"{'method':8} {'seconds':>8} {'GB/s':>7} {'its time / ours':>16}")
         ours = statistics.median(times["ours"])
@@ -213,9 +217,23 @@ def main() -> None:
             f"ours is {statistics.median(times[fastest_peer]) / ours:.2f}x"
             f" the fastest peer ({fastest_peer})"
         )
+        # For `make bench`: the save within 10% of one file's plain write + fsync; no slower
+        # than a peer, either way.
+        saving = kind == "save"
+        measure = f"{kind} {args.size_gib:g} GiB" + ("" if saving else f" ({title[9:-1]})")
+        references = {
+            "raw-1": (
+                "1 file, plain write" if saving else "1 file, readinto",
+                1.10 if saving else None,
+            ),
+            "torch": ("torch.save" if saving else "torch.load", 1.0),
+            "dcp": ("DCP save" if saving else "DCP load", 1.0),
+        }
+        for peer, (against, goal) in references.items():
+            record("store", measure, ours, statistics.median(times[peer]), against, goal=goal)
 
-    table("SAVE (durable: fsync before the clock stops)", save_t)
-    table(f"RESTORE ({'cold page cache' if cold else 'warm page cache'})", load_t)
+    table("SAVE (durable: fsync before the clock stops)", save_t, "save")
+    table(f"RESTORE ({'cold page cache' if cold else 'warm page cache'})", load_t, "restore")
     shutil.rmtree(base, ignore_errors=True) if args.dir is None else None
 
 

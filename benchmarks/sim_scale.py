@@ -15,6 +15,8 @@ import argparse
 import math
 import time
 
+from ratios import record
+
 from preemptible.queue.core import POLICIES, parse_config_text
 from preemptible.queue.quiet_gc import quieter_collections
 from preemptible.sim import Simulator, summarize
@@ -57,6 +59,7 @@ def main() -> None:
         with quieter_collections():  # as `preemptible sim` runs it
             result = Simulator(jobs, cfg, POLICIES[name]).run()
         wall = time.perf_counter() - t
+        record("sim", f"{len(jobs):,} jobs on {gpus:,} GPUs, {name}", wall, goal, "goal", goal=1.0)
         o = summarize(result)["overall"]
         print(
             f"{name:<12}{wall:>8.1f}s{wall / goal:>8.2f}x{result.cycles:>9,}"
