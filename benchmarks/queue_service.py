@@ -57,6 +57,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
 
 import slurm_cluster  # a sibling script (benchmarks/slurm/), not a package
+from ratios import record
 
 from preemptible._percentile import nearest_rank
 from preemptible.queue.core import parse_config_text
@@ -529,7 +530,7 @@ def cycle_part(root: Path, pending: int, steps: int) -> dict[str, object]:
     finally:
         for record in m.jobs.values():
             if record.handle:
-                executor.kill(ProcessHandle(**record.handle))
+                executor.kill(record.handle)
         m.store.close()
     return result
 
@@ -548,7 +549,8 @@ def timed_steps(
     for _ in range(steps):
         if end_one is not None:  # SIGKILL one running job, and wait until its runner is gone
             running = [r for r in m.jobs.values() if r.state == JobState.RUNNING]
-            handle = ProcessHandle(**end_one.choice(running).handle)
+            handle = end_one.choice(running).handle
+            assert handle is not None, "a running job has a handle"
             executor.kill(handle)
             while executor.poll(handle) is None:
                 time.sleep(0.005)
@@ -750,6 +752,8 @@ def print_cycle(c: dict) -> None:
             f"{s['launch_median_ms']:>8.2f}ms{s['sqlite_median_ms']:>7.2f}ms"
             f"{s['sqlite_transactions_median']:>9g}"
         )
+        what = f"manager step median, {key}"
+        record("queue", what, s["step_median_ms"], GOAL_CYCLE_MS, "goal", unit="ms", goal=1.0)
     print(
         f"goal: median step < {GOAL_CYCLE_MS:.0f} ms (ratio < 1.00x); the cycles include the "
         "launches and the admissions' SQLite writes"
@@ -770,6 +774,8 @@ def print_handoff(h: dict) -> None:
         f"of its {h['grace_s']['median']:.0f} s grace, the victim's GPUs were in use again after "
         f"{100 * g['median']:.1f}% (max {100 * g['max']:.1f}%)"
     )
+    notice, grace = h["notice_to_process_s"]["median"], h["grace_s"]["median"]
+    record("queue", "notice -> preemptor started", notice, grace, "the victim's grace", goal=1.0)
 
 
 def parse_args() -> argparse.Namespace:
