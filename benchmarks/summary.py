@@ -8,7 +8,7 @@ when a benchmark fails or a goal is missed, naming them.
 
     .venv/bin/python benchmarks/summary.py [--only save,async,...] [--runs 1] [--out bench-out]
 
-`make bench` runs it with its defaults (about 15 minutes on a 2-core VM); the figures recorded
+`make bench` runs it with its defaults (about 8 minutes on a 2-core VM); the figures recorded
 in docs/evaluation/benchmarks.md come from each script run as its section says, three times.
 """
 
@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def parts(runs: int) -> dict[str, list[str]]:
-    """Benchmark name -> its command line (sizes that keep `make bench` near 15 minutes)."""
+    """Benchmark name -> its command line (sizes that keep `make bench` under 10 minutes)."""
     cold = ["--cold"] if os.geteuid() == 0 else []  # dropping the page cache needs root
     return {
         "save": ["save_restore.py", "--size-gib", "1", "--repeat", "3", "--dir", "DIR", *cold],
