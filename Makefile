@@ -62,7 +62,7 @@ demo: demo-venv
 demo-checkpoint: demo-venv
 	$(PY) examples/checkpoint_demo.py
 
-# Every benchmark in turn, then each ratio against its peer or goal in one table (~8 min).
+# Every benchmark in turn, then each ratio against its peer or goal in one table (~4 min).
 bench: venv
 	$(PY) benchmarks/summary.py
 

@@ -8,7 +8,7 @@ when a benchmark fails or a goal is missed, naming them.
 
     .venv/bin/python benchmarks/summary.py [--only save,async,...] [--runs 1] [--out bench-out]
 
-`make bench` runs it with its defaults (about 8 minutes on a 2-core VM); the figures recorded
+`make bench` runs it with its defaults (about 4 minutes on a 2-core VM); the figures recorded
 in docs/evaluation/benchmarks.md come from each script run as its section says, three times.
 """
 
