@@ -43,9 +43,9 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 sys.path.insert(0, str(Path(__file__).parent))
+from cuda_save import Saver, dcp_async_saver
 from ratios import record
 from save_restore import make_state
 
@@ -54,8 +54,6 @@ from preemptible import Checkpointer
 warnings.filterwarnings("ignore")
 
 _SAVE_IDS = itertools.count(1)
-Saver = Callable[[int], Callable[[], None] | None]
-"""Starts a save of step i; returns what waits for it (None: done already)."""
 
 
 class Shape(NamedTuple):
@@ -77,16 +75,6 @@ def savers(state: dict[str, torch.Tensor], out: Path, writers: int | None) -> di
 
         return go
 
-    def dcp_async(i: int) -> Callable[[], None]:
-        path = out / f"dcp-async-{i}"
-        future = dcp.async_save(state, checkpoint_id=str(path))
-
-        def done() -> None:
-            future.result()
-            shutil.rmtree(path, ignore_errors=True)
-
-        return done
-
     def ours_sync(i: int) -> None:
         sync.save(i, state)
 
@@ -94,7 +82,7 @@ def savers(state: dict[str, torch.Tensor], out: Path, writers: int | None) -> di
         "ours auto": background("auto"),
         "ours fork": background("fork"),
         "ours copy": background("copy"),
-        "dcp async": dcp_async,
+        "dcp async": dcp_async_saver(state, out),
         "ours sync": ours_sync,
     }
 

@@ -66,6 +66,22 @@ def raw_write_s(out: Path, nbytes: int) -> float:
     return took
 
 
+def dcp_async_saver(state: dict[str, torch.Tensor], out: Path) -> Saver:
+    """DCP's `async_save` of step i under `out`; what it returns waits, then removes it."""
+
+    def dcp_async(i: int) -> Callable[[], None]:
+        path = out / f"dcp-async-{i}"
+        future = dcp.async_save(state, checkpoint_id=str(path))
+
+        def done() -> None:
+            future.result()
+            shutil.rmtree(path, ignore_errors=True)
+
+        return done
+
+    return dcp_async
+
+
 def savers(state: dict[str, torch.Tensor], out: Path) -> dict[str, Saver]:
     ours_sync = Checkpointer(out / "ours-sync", keep=1)
     ours_async = Checkpointer(out / "ours-async", keep=1)
@@ -82,21 +98,11 @@ def savers(state: dict[str, torch.Tensor], out: Path) -> dict[str, Saver]:
         dcp.save(state, checkpoint_id=str(path))
         shutil.rmtree(path, ignore_errors=True)
 
-    def dcp_async(i: int) -> Callable[[], None]:
-        path = out / f"dcp-async-{i}"
-        future = dcp.async_save(state, checkpoint_id=str(path))
-
-        def done() -> None:
-            future.result()
-            shutil.rmtree(path, ignore_errors=True)
-
-        return done
-
     return {
         "ours sync": sync,
         "ours async": background,
         "dcp sync": dcp_sync,
-        "dcp async": dcp_async,
+        "dcp async": dcp_async_saver(state, out),
     }
 
 
