@@ -9,7 +9,7 @@ because the next optimizer step mutates parameters in place. Two ways to capture
   the CPU, and the D2H enqueue on a GPU.
 * ``fork``: for CPU-resident state on a local disk, ``fork()`` the process; the child sees a
   copy-on-write snapshot of memory, writes and commits the checkpoint, and exits. The stall is
-  the page-table copy (17 ms for 1 GiB on a 2-core VM, half of a memcpy there). Pages the
+  the page-table copy (about 20 ms for 1 GiB on a 2-core VM, half a memcpy there). Pages the
   parent modifies meanwhile are copied by the kernel, so the memory cost is at most the state's
   size, as with ``copy``. Not used with CUDA tensors (a child cannot use the parent's CUDA
   context) nor with fsspec filesystems (their event loops and sessions belong to the parent).
@@ -17,7 +17,7 @@ because the next optimizer step mutates parameters in place. Two ways to capture
 ``auto`` picks ``copy``. A training step rewrites the whole state (the optimizer updates every
 parameter and moment), so under ``fork`` the kernel copies every page of the snapshot anyway,
 a fault per 4 KiB page, while the child competes with the loop for the cores; timed as whole
-loops, that cost the loop more than one memcpy in the stall in every shape measured
+loops, that cost the loop more than one memcpy in the stall in 7 of 9 runs of three shapes
 (`benchmarks/async_save.py`; docs/internals/background-save-copies.md). ``fork`` stays for a
 state the loop leaves mostly untouched between saves. Memory is bounded either way: at most one
 save is in flight, and a save that would need more staging memory than the cap falls back to a

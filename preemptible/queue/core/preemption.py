@@ -360,8 +360,8 @@ class VictimSearch:
                 tier_q = queue_budget_left(self.state, vq, now, settings, used) > 0
                 if not (taken_back or tier_q or loan_q):
                     continue
-            # Jobs told to go are in no tier's list; a search for tier victims alone visits
-            # the tiers below the job's, one for loans too the job's own (`_on_loan_to`).
+            # Jobs told to go are in no tier's list. A search for tier victims alone visits the
+            # tiers below the job's, and its own tier too for loans (`_on_loan_to`).
             staying = self.state.staying[vq]
             tiers = staying if taken_back else staying[: rank + 1 if loan_q else rank]
             for tier_rank, by_id in enumerate(tiers):
