@@ -413,8 +413,13 @@ class PreemptibleAccelerator:
     def __enter__(self) -> PreemptibleAccelerator:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         self.close()
+        if kind is None and self.accelerator.num_processes > 1:
+            # Leave together: a process that goes on to `end_training` (which destroys the
+            # gloo group) while another is still finishing its last collective can make that
+            # one abort at exit ("terminate called without an active exception", exit -6).
+            self.accelerator.wait_for_everyone()
 
 
 class _LoopState:
