@@ -38,7 +38,6 @@ class VictimFacts(NamedTuple):
 
     running: RunningJob
     """The run they were computed for (a replaced run gets new facts)."""
-    tier_rank: int
     grace_s: float
     """The grace it would get (`victim_grace_s`)."""
     min_runtime_end: float
@@ -78,7 +77,6 @@ class VictimIndex:
         )
         facts = self._facts[job.id] = VictimFacts(
             running=rj,
-            tier_rank=job.tier.rank,
             grace_s=grace,
             min_runtime_end=rj.started_at
             + min_runtime_seconds(job.save_s, job.restore_s, settings),
