@@ -4,13 +4,16 @@ A job of up to one node's GPUs lands on a single node: the fullest node that sti
 (best fit), which keeps whole nodes free for gang jobs. A larger job takes whole free nodes plus,
 for a remainder, the best-fitting partial node; it waits until such a block exists instead of
 scattering over many half-used nodes. Without nodes the cluster is one flat pool and placement
-is only a count. Free nodes are kept in buckets by free-GPU count, so a placement costs
-O(gpus_per_node) rather than O(nodes).
+is only a count. Free nodes are kept in buckets by free-GPU count, each bucket a sorted list, so
+a placement reads the first node of at most `gpus_per_node` buckets (skipping the nodes it must
+avoid) rather than visiting every node: at 100,000 running jobs a cycle places thousands.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Collection, Iterable
+from itertools import islice
 
 Placement = tuple[tuple[int, int], ...]
 
@@ -23,15 +26,16 @@ class NodePool:
     def __init__(self, nodes: int, gpus_per_node: int):
         self.gpus_per_node = gpus_per_node
         self.free = [gpus_per_node] * nodes
-        self.by_free: list[set[int]] = [set() for _ in range(gpus_per_node + 1)]
-        self.by_free[gpus_per_node] = set(range(nodes))
+        self.by_free: list[list[int]] = [[] for _ in range(gpus_per_node + 1)]
+        """Per free-GPU count, the nodes with that many free, in index order."""
+        self.by_free[gpus_per_node] = list(range(nodes))
 
     def copy(self) -> NodePool:
         """An independent copy."""
         other = NodePool.__new__(NodePool)
         other.gpus_per_node = self.gpus_per_node
         other.free = list(self.free)
-        other.by_free = [set(b) for b in self.by_free]
+        other.by_free = [list(b) for b in self.by_free]
         return other
 
     @property
@@ -40,9 +44,10 @@ class NodePool:
         return sum(k * len(b) for k, b in enumerate(self.by_free))
 
     def _set(self, node: int, free: int) -> None:
-        self.by_free[self.free[node]].discard(node)
+        bucket = self.by_free[self.free[node]]
+        del bucket[bisect_left(bucket, node)]
         self.free[node] = free
-        self.by_free[free].add(node)
+        insort(self.by_free[free], node)
 
     def find(self, gpus: int, *, avoid: Collection[int] = ()) -> Placement | None:
         """Where a job of `gpus` GPUs would go now, or None if no block is free.
@@ -56,10 +61,12 @@ class NodePool:
             node = self._partial(gpus, avoid)
             return None if node is None else ((node, gpus),)
         whole, rest = divmod(gpus, per)
-        empty = self.by_free[per] - set(avoid) if avoid else self.by_free[per]
-        if len(empty) < whole:
+        empty = self.by_free[per]
+        chosen = (
+            list(islice((n for n in empty if n not in avoid), whole)) if avoid else empty[:whole]
+        )
+        if len(chosen) < whole:
             return None
-        chosen = sorted(empty)[:whole]
         placement = [(n, per) for n in chosen]
         if rest:
             node = self._partial(rest, {*chosen, *avoid})
@@ -75,8 +82,8 @@ class NodePool:
             if not bucket:
                 continue
             if not exclude:
-                return min(bucket)
-            node = min((n for n in bucket if n not in exclude), default=None)
+                return bucket[0]
+            node = next((n for n in bucket if n not in exclude), None)
             if node is not None:
                 return node
         return None

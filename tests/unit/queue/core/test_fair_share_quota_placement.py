@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from preemptible.queue.core import Cluster, UsageTracker, dominant_share, fair_share_value
 from preemptible.queue.core.placement import NodePool
@@ -116,3 +118,56 @@ def test_take_and_give_keep_buckets_consistent():
     for p in places:
         pool.give(p)
     assert pool.total_free == 16 and pool.free == [4, 4, 4, 4]
+
+
+def _naive_find(free: list[int], per: int, gpus: int, avoid: set[int]):
+    """`NodePool.find` by its definition, visiting every node: the fullest node with room for
+    a single-node job (lowest index first); whole empty nodes by index plus the best fit for a
+    remainder for a larger one."""
+
+    def fullest(room: int, outside: set[int]):
+        fits = [n for n in range(len(free)) if n not in outside and free[n] >= room]
+        return min(fits, key=lambda n: (free[n], n), default=None)
+
+    if gpus <= per:
+        node = fullest(gpus, avoid)
+        return None if node is None else ((node, gpus),)
+    whole, rest = divmod(gpus, per)
+    chosen = [n for n in range(len(free)) if free[n] == per and n not in avoid][:whole]
+    if len(chosen) < whole:
+        return None
+    placement = [(n, per) for n in chosen]
+    if rest:
+        node = fullest(rest, {*chosen, *avoid})
+        if node is None:
+            return None
+        placement.append((node, rest))
+    return tuple(placement)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    nodes=st.integers(1, 12),
+    steps=st.lists(
+        st.tuples(st.integers(1, 20), st.sets(st.integers(0, 11), max_size=4), st.booleans()),
+        max_size=40,
+    ),
+)
+def test_placement_is_the_fullest_node_lowest_index_first(nodes, steps):
+    """The buckets are an index only: every answer is the one a walk over all nodes gives, and
+    a copy answers as the original until either changes."""
+    per = 4
+    pool, placed = NodePool(nodes, per), []
+    for gpus, avoid, release in steps:
+        if release and placed:
+            pool.give(placed.pop(0))
+        avoid = {n for n in avoid if n < nodes}
+        got = pool.find(gpus, avoid=avoid)
+        assert got == _naive_find(pool.free, per, gpus, avoid)
+        assert pool.copy().find(gpus, avoid=avoid) == got
+        if got is not None:
+            pool.take(got)
+            placed.append(got)
+        assert pool.by_free == [
+            [n for n, f in enumerate(pool.free) if f == k] for k in range(per + 1)
+        ]
