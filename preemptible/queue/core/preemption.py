@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import NamedTuple
+from operator import itemgetter
+from typing import Literal, NamedTuple
 
 from preemptible.queue.core.config import PolicySettings, PreemptionSettings
 from preemptible.queue.core.elastic import may_resize, shrink_option
@@ -124,6 +125,13 @@ def min_runtime_end(rj: RunningJob, settings: PreemptionSettings) -> float:
     return rj.started_at + min_runtime_seconds(rj.job.save_s, rj.job.restore_s, settings)
 
 
+_ORDER = itemgetter(0)
+"""A `Candidate`'s `order`, its sort key."""
+
+_Mode = Literal["reclaim", "beyond_limit", "tier", "beyond+tier"]
+"""Why a queue's jobs of one tier may be victims of a search (`VictimSearch._tier_list`)."""
+
+
 class _Scope(NamedTuple):
     """Which reasons may apply to one search, and what each queue borrows."""
 
@@ -174,6 +182,7 @@ class VictimSearch:
         self._eligible: dict[
             tuple[str, int, bool, bool, str | None, frozenset[str]], list[Candidate]
         ] = {}
+        self._tier_lists: dict[tuple[str, int, _Mode], list[Candidate]] = {}
 
     def take(self, victim: Job, *, budget: bool = True) -> None:
         """`victim` gets a notice this cycle: it counts against its queue's budget (unless it
@@ -335,17 +344,15 @@ class VictimSearch:
         return found
 
     def _find_eligible(self, job: Job, scope: _Scope) -> list[Candidate]:
-        policy, settings, now = self.policy, self.settings, self.now
-        rank = job.tier.rank
+        policy, settings, now, rank = self.policy, self.settings, self.now, job.tier.rank
         # A borrower that takes another queue's borrowed capacity runs on borrowed capacity
         # itself: the victim's queue can reclaim it back at once, so the save is lost for nothing.
         across = policy.tier_preemption_across_queues and scope.verdict is not (
             QuotaVerdict.BORROWING
         )
-        found: list[Candidate] = []
-        index, protect = self.state.victim_index, policy.protect_min_runtime
-        anti, cooldown = policy.anti_thrashing, settings.cooldown_s
-        taken, prices = self.taken, self._prices
+        parts: list[tuple[str, int, _Mode]] = []
+        tier_queues: set[str] = set()
+        loan_queues: set[str] = set()
         for vq, running in self.state.running_by_queue.items():
             borrowing = scope.borrowing[vq]
             reclaim_q = scope.reclaim and borrowing and vq != job.queue
@@ -360,42 +367,113 @@ class VictimSearch:
                 tier_q = queue_budget_left(self.state, vq, now, settings, used) > 0
                 if not (taken_back or tier_q or loan_q):
                     continue
+            if tier_q:
+                tier_queues.add(vq)
+            if loan_q:
+                loan_queues.add(vq)
             # Jobs told to go are in no tier's list. A search for tier victims alone visits the
-            # tiers below the job's, and its own tier too for loans (`_on_loan_to`).
-            staying = self.state.staying[vq]
-            tiers = staying if taken_back else staying[: rank + 1 if loan_q else rank]
-            for tier_rank, by_id in enumerate(tiers):
+            # tiers below the job's; loans, of its own tier too, come from `state.loans`.
+            tiers = len(self.state.staying[vq]) if taken_back else rank if tier_q else 0
+            for tier_rank in range(tiers):
                 tier_r = tier_q and tier_rank < rank
-                loan_r = loan_q and tier_rank <= rank
-                for rj in by_id.values():
-                    vjob = rj.job
-                    if vjob.id in taken:
-                        continue
-                    tier_ok, loan_ok = tier_r, loan_r and rj.loan_for == job.id
-                    if (tier_ok or loan_ok) and protect:
-                        ran_enough = now >= index.facts(rj, policy, settings).min_runtime_end
-                        tier_ok, loan_ok = tier_ok and ran_enough, loan_ok and ran_enough
-                    if tier_ok and anti:
-                        last = vjob.last_preempted_at  # `not in_cooldown(...)`, inlined
-                        tier_ok = last is None or now - last >= cooldown
-                    if not (taken_back or tier_ok or loan_ok):
-                        continue
-                    # Another queue's borrowed work is the job's to reclaim whatever its tier:
-                    # the guarantee, not the tier rules, says when it goes (`patience.py`).
-                    kind: VictimKind = (
-                        "reclaim"
-                        if reclaim_q and not loan_ok
-                        else "tier"
-                        if tier_ok
-                        else "loan"
-                        if loan_ok
-                        else "beyond_limit"
-                    )
-                    price = prices.get(vjob.id) or self._price(rj)
-                    order, lost, grace, to = price
-                    found.append(Candidate(order, rj, lost, grace, kind, None, to))
-        found.sort(key=lambda c: c.order)
+                mode: _Mode
+                if reclaim_q:
+                    mode = "reclaim"
+                elif beyond_q:
+                    mode = "beyond+tier" if tier_r else "beyond_limit"
+                else:
+                    mode = "tier"
+                parts.append((vq, tier_rank, mode))
+        loans = self._loan_candidates(job, tier_queues, loan_queues) if loan_queues else {}
+        found: list[Candidate] = []
+        for vq, tier_rank, mode in parts:
+            # Without the jobs taken this cycle, and the loans listed as loans: a few a cycle,
+            # so a tier's list is copied only when it holds one.
+            members = self.state.staying[vq][tier_rank]
+            drop = {j for j in self.taken if j in members}
+            drop.update(j for j in loans if j in members)
+            listed = self._tier_list(vq, tier_rank, mode)
+            found += [c for c in listed if c.running.job.id not in drop] if drop else listed
+        found += loans.values()
+        found.sort(key=_ORDER)
         return found
+
+    def _tier_list(self, queue: str, tier_rank: int, mode: _Mode) -> list[Candidate]:
+        """The candidates among `queue`'s running jobs of one tier for one reason, in order
+        (cached for the cycle: the searches of a cycle share them). `mode`: "reclaim" and
+        "beyond_limit" take every job; "tier" those past their minimum runtime and cooldown;
+        "beyond+tier" every job, as a tier victim when it could be one."""
+        key = (queue, tier_rank, mode)
+        cached = self._tier_lists.get(key)
+        if cached is not None:
+            return cached
+        out: list[Candidate] = []
+        policy, settings, now, state = self.policy, self.settings, self.now, self.state
+        by_tier = mode == "tier" or mode == "beyond+tier"
+        protect = by_tier and policy.protect_min_runtime
+        anti, cooldown = by_tier and policy.anti_thrashing, settings.cooldown_s
+        every: VictimKind = "reclaim" if mode == "reclaim" else "beyond_limit"
+        make = tuple.__new__  # a `Candidate` without the call its constructor adds
+        for rj, facts, price in state.victim_index.priced(
+            state.staying[queue][tier_rank].values(),
+            now,
+            state.victim_rank,
+            state.shrinking,
+            policy,
+            settings,
+            self._prices,
+        ):
+            kind = every
+            if by_tier:  # `_may_take_by_tier`, inline: thousands of jobs a search
+                ok = not protect or now >= facts.min_runtime_end
+                if ok and anti:
+                    last = rj.job.last_preempted_at
+                    ok = last is None or now - last >= cooldown
+                if ok:
+                    kind = "tier"
+                elif mode == "tier":
+                    continue
+            order, lost, grace, to = price
+            out.append(make(Candidate, (order, rj, lost, grace, kind, None, to)))
+        out.sort(key=_ORDER)
+        self._tier_lists[key] = out
+        return out
+
+    def _may_take_by_tier(self, rj: RunningJob) -> bool:
+        """`rj` has run its minimum runtime (when the policy protects it) and is past its
+        cooldown (when the policy has one): a tier or a loan may take it."""
+        return self._mature(rj) and not (
+            self.policy.anti_thrashing and in_cooldown(rj.job, self.now, self.settings)
+        )
+
+    def _mature(self, rj: RunningJob) -> bool:
+        """`rj` has run its negotiated minimum runtime, or the policy does not protect it."""
+        if not self.policy.protect_min_runtime:
+            return True
+        facts = self.state.victim_index.facts(rj, self.policy, self.settings)
+        return self.now >= facts.min_runtime_end
+
+    def _loan_candidates(
+        self, job: Job, tier_queues: set[str], loan_queues: set[str]
+    ) -> dict[str, Candidate]:
+        """The jobs on loan to `job` that it may take back as loans, by id: of no higher tier,
+        in a queue it may take loans from, past their minimum runtime. A tier victim as well
+        counts as one (`kind` "tier"), as in the search of each queue."""
+        out: dict[str, Candidate] = {}
+        running, rank = self.state.running, job.tier.rank
+        for loan_id in self.state.loans.get(job.id, ()):
+            rj = running[loan_id]
+            vq, tier_rank = rj.job.queue, rj.job.tier.rank
+            if vq not in loan_queues or tier_rank > rank or loan_id in self.taken:
+                continue
+            if not self._mature(rj):
+                continue  # still listed by its queue's search when another reason takes it
+            tier_ok = vq in tier_queues and tier_rank < rank and self._may_take_by_tier(rj)
+            order, lost, grace, to = self._prices.get(loan_id) or self._price(rj)
+            out[loan_id] = Candidate(
+                order, rj, lost, grace, "tier" if tier_ok else "loan", None, to
+            )
+        return out
 
     def _price(self, rj: RunningJob) -> Price:
         """The price of preempting `rj` now (cached for the cycle; its parts that do not change

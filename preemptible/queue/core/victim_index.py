@@ -13,7 +13,8 @@ was computed for. Settings or a policy that differ from the last search's start 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 from preemptible.queue.core.config import PreemptionSettings
 from preemptible.queue.core.model import RunningJob
@@ -114,6 +115,38 @@ class VictimIndex:
         if facts.on_notice:
             self._facts[job.id] = facts._replace(fixed=price, fixed_for=(rank, shrinking_to))
         return price
+
+    def priced(
+        self,
+        runs: Iterable[RunningJob],
+        now: float,
+        ranks: Mapping[str, int],
+        shrinking: Mapping[str, tuple[int, Any, Any]],
+        policy: Policy,
+        settings: PreemptionSettings,
+        cache: dict[str, Price],
+    ) -> Iterator[tuple[RunningJob, VictimFacts, Price]]:
+        """Each of `runs` with its facts and its price at `now` (`price`; the rank and the size
+        of a shrink under way from `ranks` and `shrinking`), through `cache`, the prices of this
+        `now`: a victim search prices thousands of jobs, so the lookups are inline."""
+        if policy is not self._policy or settings is not self._settings:
+            self._use(policy, settings)
+        known = self._facts
+        for rj in runs:
+            jid = rj.job.id
+            facts = known.get(jid)
+            if facts is None or facts.running is not rj:
+                facts = self.facts(rj, policy, settings)
+            price = cache.get(jid)
+            if price is None:
+                rank, under_way = ranks.get(jid, 0), shrinking.get(jid)
+                to = None if under_way is None else under_way[0]
+                if facts.fixed is not None and facts.fixed_for == (rank, to):
+                    price = facts.fixed
+                else:
+                    price = self.price(rj, now, rank, to, policy, settings)
+                cache[jid] = price
+            yield rj, facts, price
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._facts
