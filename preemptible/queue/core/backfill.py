@@ -170,23 +170,53 @@ def _plan_nodes(
     drain = _NodeDrain(pool, int(job.request.gpus))
     t = now
     need = drain.plan(range(len(drain.avail))) if drain.may_fit() else None
+    if need is None and not drain.whole:
+        return _plan_one_node(drain, now, releases)
     ends = iter(releases)
     pending = next(ends, None)
-    gang = drain.whole > 0  # plans over every node: no need to know which were touched
-    touched: set[int] = set()
     while need is None and pending is not None:
         t = max(now, pending.at)
-        touched.clear()
         while pending is not None and max(now, pending.at) == t:
             drain.release(pending, now=t == now)
-            if not gang:
-                touched.update(n for n, _ in pending.placement)
             pending = next(ends, None)
         if drain.may_fit():
-            need = drain.plan(touched)
+            need = drain.plan(())  # a gang plans over every node
     if need is None:
         return INFINITY, {}
     return t, {n: max(0, drain.sure[n] - g) for n, g in need.items()}
+
+
+def _plan_one_node(
+    drain: _NodeDrain, now: float, releases: Iterable[Release]
+) -> tuple[float, dict[int, int]]:
+    """`_plan_nodes` for a head of up to one node that does not fit now: the same walk with
+    `_NodeDrain.release` and `plan` inline, as a fragmented cluster walks thousands of ends
+    before a node has room. After the releases of each time, only the nodes they touched can
+    have come to fit."""
+    avail, sure, ready, gpus = drain.avail, drain.sure, drain.ready, drain.rest
+    t = now
+    touched: list[int] = []
+    for at, _, placement, certain in releases:
+        if at < now:
+            at = now
+        if at != t and touched:  # every release of time `t` is in: does a node fit now?
+            fits = [n for n in touched if avail[n] >= gpus]
+            if fits:
+                break
+            touched.clear()
+        t = at
+        for n, g in placement:
+            avail[n] += g
+            if certain:
+                sure[n] += g
+                if at == now:
+                    ready[n] += g
+            touched.append(n)
+    fits = [n for n in touched if avail[n] >= gpus]
+    if not fits:
+        return INFINITY, {}
+    node = min(fits, key=drain._preference)
+    return t, {node: max(0, sure[node] - gpus)}
 
 
 class _NodeDrain:

@@ -4,12 +4,19 @@ import dataclasses
 import heapq
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preemptible.queue.core import POLICIES, Resources
-from preemptible.queue.core.backfill import Release, _merged, may_backfill, plan_reservation
+from preemptible.queue.core.backfill import (
+    Release,
+    _merged,
+    _plan_nodes,
+    may_backfill,
+    plan_reservation,
+)
 from preemptible.queue.core.negotiation import min_runtime_seconds
+from preemptible.queue.core.placement import NodePool
 from preemptible.queue.core.preemption import loans_due
 from preemptible.queue.core.resources import Amounts
 
@@ -187,3 +194,58 @@ def test_the_releases_merge_as_heapq_merge_does(first, extra):
     a, b = releases(first, True), releases(extra, False)
     expected = list(heapq.merge(a, b, key=lambda r: r.at))
     assert list(_merged(iter(a), b)) == expected
+
+
+def _first_node_by_definition(free, per, gpus, releases, now):
+    """The earliest time, by the releases in time order, at which some node has room for a head
+    of `gpus` (up to one node): every node is looked at after each time's releases. Among those
+    that fit, the node with the most GPUs free or certainly back now, lowest index first."""
+    avail, sure, ready = list(free), list(free), list(free)
+    fits = [n for n in range(len(avail)) if avail[n] >= gpus]
+    t = now
+    rest = sorted(releases, key=lambda r: max(now, r.at))
+    while not fits and rest:
+        t = max(now, rest[0].at)
+        while rest and max(now, rest[0].at) == t:
+            r = rest.pop(0)
+            for n, g in r.placement:
+                avail[n] += g
+                if r.certain:
+                    sure[n] += g
+                    ready[n] += g if t == now else 0
+        fits = [n for n in range(len(avail)) if avail[n] >= gpus]
+    if not fits:
+        return INF, {}
+    node = min(fits, key=lambda n: (-ready[n], n))
+    return t, {node: max(0, sure[node] - gpus)}
+
+
+@settings(max_examples=400)
+@given(
+    used=st.lists(st.integers(0, 4), min_size=1, max_size=6),
+    gpus=st.integers(1, 4),
+    ends=st.lists(
+        st.tuples(
+            st.sampled_from([50.0, 100.0, 150.0, 150.0, 300.0]),
+            st.integers(0, 5),
+            st.integers(1, 2),
+            st.booleans(),
+        ),
+        max_size=12,
+    ),
+)
+def test_a_single_node_plan_is_the_first_time_a_node_has_room(used, gpus, ends):
+    """The walk that looks only at the nodes each time's releases touched finds what looking at
+    every node after each time finds."""
+    now, per = 100.0, 4
+    pool = NodePool(len(used), per)
+    pool.take([(n, u) for n, u in enumerate(used) if u])
+    releases = sorted(
+        (
+            Release(at, Resources(gpus=g), ((node % len(used), g),), certain)
+            for at, node, g, certain in ends
+        ),
+        key=lambda r: r.at,
+    )
+    want = _first_node_by_definition(pool.free, per, gpus, releases, now)
+    assert _plan_nodes(job("head", gpus=gpus), now, pool, iter(releases)) == want
