@@ -378,6 +378,8 @@ class VictimSearch:
                 tier_r = tier_q and tier_rank < rank
                 mode: _Mode
                 if reclaim_q:
+                    # Another queue's borrowed work is the job's to reclaim whatever its tier:
+                    # the guarantee, not the tier rules, says when it goes (`patience.py`).
                     mode = "reclaim"
                 elif beyond_q:
                     mode = "beyond+tier" if tier_r else "beyond_limit"
