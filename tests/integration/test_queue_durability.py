@@ -390,7 +390,8 @@ class Soak:
                 self._check_completed(job_id, job, attempts)
             if job_id in self.cancelled:  # nothing started after the cancel was acknowledged
                 assert max(attempts, default=0) <= self.cancelled[job_id], attempts
-            self._check_attempts(job_id, attempts, killed)
+            killed_here = killed | {(job_id, n) for n in _killed_at_deadline(by_job[job_id])}
+            self._check_attempts(job_id, attempts, killed_here, by_job[job_id])
             self._check_notices(job_id, attempts, by_job[job_id])
         for job_id, n, at in self.killed_jobs:
             next_start = self.attempts(job_id)[0].get(n + 1)
@@ -443,7 +444,10 @@ class Soak:
 
     @staticmethod
     def _check_attempts(
-        job_id: str, attempts: dict[int, Attempt], killed: set[tuple[str, int]]
+        job_id: str,
+        attempts: dict[int, Attempt],
+        killed: set[tuple[str, int]],
+        events: list[dict[str, Any]],
     ) -> None:
         ordered = sorted(attempts.values(), key=lambda a: a.started_at)
         assert [a.number for a in ordered] == sorted(attempts), f"{job_id}: attempts out of order"
@@ -452,7 +456,21 @@ class Soak:
                 assert before.ended_at <= after.started_at, f"{job_id}: attempts overlap"
         for a in ordered[:-1]:
             if a.end == "end" and (job_id, a.number) not in killed:
-                raise AssertionError(f"{job_id} finished in attempt {a.number} and ran again")
+                raise AssertionError(
+                    f"{job_id} finished in attempt {a.number} and ran again: {a}, {events}"
+                )
+
+
+def _killed_at_deadline(events: list[dict[str, Any]]) -> set[int]:
+    """The attempts the manager SIGKILLed at their notice's deadline. One may have written its
+    `end` line just before: its work was done, but its process had not exited, so it ran again
+    (its exit status was the SIGKILL)."""
+    attempt, killed = 0, set()
+    for e in events:
+        attempt += e["kind"] == "admitted"  # the k-th admission starts attempt k
+        if e["kind"] == "requeued" and e["data"].get("killed"):
+            killed.add(attempt)
+    return killed
 
 
 def _alive(pid: int, ticks: int, pgid: int) -> bool:
