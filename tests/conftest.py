@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -13,6 +14,15 @@ import fsspec
 import pytest
 
 from tests.s3servers import S3Server, start_moto, start_seaweedfs
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as at a terminal. A run started in the background (``make test &``) ignores
+    SIGINT, and every process a test starts would inherit that: a CLI told to stop by Ctrl-C
+    would sleep through it. A caught signal goes back to its default at ``exec``; an ignored
+    one stays ignored."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import queue as queue_module
-import signal
 import subprocess
 import sys
 import threading
@@ -488,14 +487,7 @@ def spawn(url: str, *args: str, token: str = TEAM_A_TOKEN) -> subprocess.Popen[s
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        preexec_fn=_sigint_as_in_a_terminal,
     )
-
-
-def _sigint_as_in_a_terminal() -> None:
-    """Ctrl-C reaches a command typed at a terminal; but a test run started in the background
-    (``make test &``) ignores SIGINT, and a child would inherit that and sleep through it."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def lines_of(proc: subprocess.Popen[str]) -> queue_module.Queue[str]:
@@ -729,6 +721,8 @@ def test_status_colours_states_on_a_terminal_unless_no_color_and_says_each_state
 def test_status_watch_shows_the_table_again_until_ctrl_c(url: str, fake: FakeQueueManager) -> None:
     """Piped, each frame follows the last under a dated line; a job submitted meanwhile shows
     in a later frame; Ctrl-C ends it with status 0."""
+    import signal
+
     first = started(fake, name="watched")
     proc = spawn(url, "status", "--watch", "--interval", "0.2s")
     try:
