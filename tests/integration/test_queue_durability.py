@@ -11,8 +11,9 @@ restart, and once everything has drained at the end, it checks:
   while it lives, and one that finds it taken writes `overlap`; the attempts' start and end
   lines (appended with `O_APPEND` to one file per job) must not overlap either;
 - no job stays `running` or `preempting` for long once its process is gone;
-- a job that finished is never run again, and every job ends `completed` (`cancelled` when the
-  client cancelled it, now and then: nothing starts after a cancel is acknowledged);
+- a job that finished is never run again (unless killed before its process exited: then its
+  exit status is the kill), and every job ends `completed` (`cancelled` when the client
+  cancelled it, now and then: nothing starts after a cancel is acknowledged);
 - every attempt killed while the server was down was requeued, with a reason, in the events.
 
 The server is killed `PREEMPTIBLE_SOAK_KILLS` times (default 20, about half a minute on two
@@ -33,6 +34,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -383,6 +385,7 @@ class Soak:
         wrong = {j: v["state"] for j, v in jobs.items() if v["state"] not in self._ends(j)}
         assert not wrong, f"jobs that did not end as they should: {wrong}"
         killed = {(j, n) for j, n, _ in self.killed_jobs}
+        killed |= {(j, n) for j in jobs for n in _killed_at_deadline(by_job[j])}
         for job_id, job in jobs.items():
             attempts, problems = self.attempts(job_id)
             assert not problems, problems
@@ -390,8 +393,7 @@ class Soak:
                 self._check_completed(job_id, job, attempts)
             if job_id in self.cancelled:  # nothing started after the cancel was acknowledged
                 assert max(attempts, default=0) <= self.cancelled[job_id], attempts
-            killed_here = killed | {(job_id, n) for n in _killed_at_deadline(by_job[job_id])}
-            self._check_attempts(job_id, attempts, killed_here, by_job[job_id])
+            self._check_attempts(job_id, attempts, killed, by_job[job_id])
             self._check_notices(job_id, attempts, by_job[job_id])
         for job_id, n, at in self.killed_jobs:
             next_start = self.attempts(job_id)[0].get(n + 1)
@@ -421,9 +423,7 @@ class Soak:
     ) -> None:
         """An attempt killed at its notice's deadline got the notice (SIGTERM) first: it lived
         through the grace, so a SIGTERM would have left a line (or ended it)."""
-        attempt = 0
-        for e in events:
-            attempt += e["kind"] == "admitted"  # the k-th admission starts attempt k
+        for attempt, e in _by_attempt(events):
             a = attempts.get(attempt)
             killed = e["kind"] in ("requeued", "cancelled") and e["data"].get("killed")
             if killed and a and not a.noticed:
@@ -465,12 +465,19 @@ def _killed_at_deadline(events: list[dict[str, Any]]) -> set[int]:
     """The attempts the manager SIGKILLed at their notice's deadline. One may have written its
     `end` line just before: its work was done, but its process had not exited, so it ran again
     (its exit status was the SIGKILL)."""
-    attempt, killed = 0, set()
+    by_the_manager = (
+        n for n, e in _by_attempt(events) if e["kind"] == "requeued" and e["data"].get("killed")
+    )
+    return set(by_the_manager)
+
+
+def _by_attempt(events: list[dict[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Each of a job's events with the attempt it belongs to: the k-th admission starts
+    attempt k."""
+    attempt = 0
     for e in events:
-        attempt += e["kind"] == "admitted"  # the k-th admission starts attempt k
-        if e["kind"] == "requeued" and e["data"].get("killed"):
-            killed.add(attempt)
-    return killed
+        attempt += e["kind"] == "admitted"
+        yield attempt, e
 
 
 def _alive(pid: int, ticks: int, pgid: int) -> bool:
